@@ -1,0 +1,63 @@
+#include "h5ckpt/checkpointer.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "storage/commit.h"
+#include "storage/metadata.h"
+#include "storage/region_reader.h"
+
+namespace h5ckpt {
+
+struct Checkpointer::Impl {
+  const Topology* topology;
+  engine::PlanCache plan_cache;
+  std::map<std::string, std::string> attributes;
+};
+
+Checkpointer::Checkpointer(const Topology& topology) : impl_(std::make_unique<Impl>()) {
+  impl_->topology = &topology;
+}
+Checkpointer::~Checkpointer() = default;
+
+Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
+  return engine::save(impl_->topology->impl(), state, path, options, impl_->attributes, impl_->plan_cache);
+}
+
+Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
+  return engine::load(impl_->topology->impl(), state, path, options);
+}
+
+void Checkpointer::set_attribute(const std::string& name, const std::string& value) {
+  impl_->attributes[name] = value;
+}
+
+const TensorInfo* CheckpointInfo::find(const std::string& key) const {
+  auto it = std::lower_bound(tensors.begin(), tensors.end(), key,
+                             [](const TensorInfo& t, const std::string& k) { return t.key < k; });
+  return it != tensors.end() && it->key == key ? &*it : nullptr;
+}
+
+uint64_t CheckpointInfo::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : tensors) n += t.nbytes;
+  return n;
+}
+
+Result<CheckpointInfo> read_checkpoint_info(const std::string& path) {
+  namespace fs = std::filesystem;
+  H5CKPT_ASSIGN_OR_RETURN(std::string dir, storage::resolve_checkpoint_dir(path));
+  H5CKPT_ASSIGN_OR_RETURN(std::string json,
+                          storage::read_whole_file((fs::path(dir) / storage::kMetadataFileName).string()));
+  const std::string data = (fs::path(dir) / storage::kDataFileName).string();
+  H5CKPT_ASSIGN_OR_RETURN(auto reader, storage::RegionReader::open(data));
+  H5CKPT_ASSIGN_OR_RETURN(CheckpointInfo info, storage::metadata_from_json(json, reader.file_size()));
+  info.path = dir;
+  info.data_file = fs::absolute(data).string();
+  return info;
+}
+
+const char* version() { return H5CKPT_VERSION; }
+
+}  // namespace h5ckpt

@@ -1,0 +1,49 @@
+// MPI wrappers: an owning communicator, the agreement step, and byte collectives.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "h5ckpt/status.h"
+
+namespace h5ckpt::comm {
+
+/// Owns a duplicate of a communicator, with MPI_ERRORS_RETURN so failures become Status values.
+class Comm {
+ public:
+  Comm() = default;
+  static Result<Comm> duplicate(MPI_Comm c);
+  Comm(Comm&& o) noexcept : c_(o.c_) { o.c_ = MPI_COMM_NULL; }
+  Comm& operator=(Comm&& o) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  ~Comm();
+
+  MPI_Comm get() const { return c_; }
+  int rank() const;
+  int size() const;
+
+ private:
+  MPI_Comm c_ = MPI_COMM_NULL;
+};
+
+/// Turns an MPI return code into a Status naming the call.
+Status mpi_status(int rc, const char* what);
+
+/// The agreement step ending every collective phase: every rank passes its local outcome and
+/// every rank gets back the same Status. On failure it carries the first failing rank's
+/// message and the list of failing ranks. Collective over `comm`.
+Status agree(const Status& local, MPI_Comm comm);
+
+/// Broadcasts a byte string from `root`. Collective.
+Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm);
+
+/// Gathers every rank's bytes to `root` (result[rank]); empty on other ranks. Collective.
+Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root, MPI_Comm comm);
+
+/// Scatters parts[rank] from `root` to each rank. Collective.
+Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int root, MPI_Comm comm);
+
+}  // namespace h5ckpt::comm

@@ -1,0 +1,18 @@
+// Rank-prefixed logging through spdlog; level from H5CKPT_LOG_LEVEL (trace..off, default warn).
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+namespace h5ckpt::metrics {
+
+/// The library's logger ("h5ckpt"), created on first use with the MPI rank in its pattern.
+spdlog::logger& log();
+
+/// Wall-clock seconds since an arbitrary origin (steady clock).
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace h5ckpt::metrics

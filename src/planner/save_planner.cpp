@@ -1,0 +1,196 @@
+#include "planner/save_planner.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <queue>
+#include <set>
+#include <unordered_map>
+
+#include "planner/box_math.h"
+#include "util/checked_math.h"
+
+namespace h5ckpt::planner {
+
+Status validate_key(const std::string& key) {
+  auto bad = [&](const std::string& why) {
+    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + why);
+  };
+  if (key.empty()) return bad("empty key");
+  if (key.size() > 1024) return bad("longer than 1024 characters");
+  for (char c : key) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-' || c == '/';
+    if (!ok) return bad(std::string("character '") + c + "' not allowed (letters, digits, _ . - /)");
+  }
+  if (key.front() == '/' || key.back() == '/' || key.find("//") != std::string::npos)
+    return bad("empty path component");
+  if (key == "meta" || key.rfind("meta/", 0) == 0) return bad("the 'meta' group is reserved");
+  size_t start = 0;
+  while (start <= key.size()) {
+    size_t end = key.find('/', start);
+    if (end == std::string::npos) end = key.size();
+    const std::string comp = key.substr(start, end - start);
+    if (comp == "." || comp == "..") return bad("'.' and '..' components not allowed");
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+struct Holder {
+  int rank;
+  int item;
+};
+
+// A unique region of one tensor and the ranks holding it.
+struct UniqueRegion {
+  ShardSpec shard;
+  int64_t bytes = 0;
+  std::vector<Holder> holders;
+};
+
+std::string region_signature(const ShardSpec& s) {
+  std::string sig;
+  for (auto v : s.box.offset) sig += std::to_string(v) + ",";
+  sig += "|";
+  for (auto v : s.box.shape) sig += std::to_string(v) + ",";
+  if (s.flat) sig += "|" + std::to_string(s.flat->first) + "-" + std::to_string(s.flat->second);
+  return sig;
+}
+
+// Sort-and-sweep along dim 0 over the regions' boxes: reports the first overlapping pair.
+Status check_disjoint_and_complete(const std::string& key, const Shape& shape,
+                                   const std::vector<UniqueRegion>& regions) {
+  struct Piece {
+    Box box;
+    size_t region;
+  };
+  std::vector<Piece> pieces;
+  int64_t covered = 0;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    for (auto& b : shard_boxes(regions[r].shard)) pieces.push_back({b, r});
+    covered += regions[r].shard.numel();
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.box.offset[0] < b.box.offset[0]; });
+  std::vector<size_t> active;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const int64_t start = pieces[i].box.offset[0];
+    std::erase_if(active, [&](size_t j) {
+      return pieces[j].box.offset[0] + pieces[j].box.shape[0] <= start;
+    });
+    for (size_t j : active) {
+      if (pieces[j].region != pieces[i].region && intersect(pieces[j].box, pieces[i].box)) {
+        const auto& a = regions[pieces[j].region];
+        const auto& b = regions[pieces[i].region];
+        return Status(ErrorCode::kInvalidArgument,
+                      "key '" + key + "': shard " + to_string_spec(a.shard) + " on rank " +
+                          std::to_string(a.holders[0].rank) + " overlaps shard " + to_string_spec(b.shard) +
+                          " on rank " + std::to_string(b.holders[0].rank) +
+                          " without being identical (replicas must hold identical regions)");
+      }
+    }
+    active.push_back(i);
+  }
+  int64_t total = 1;
+  for (auto s : shape) total *= s;
+  if (covered != total)
+    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': the ranks' shards cover " +
+                                                   std::to_string(covered) + " of " + std::to_string(total) +
+                                                   " elements of global shape " + to_string_shape(shape));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
+  struct TensorAcc {
+    DType dtype;
+    Shape shape;
+    int first_rank;
+    std::vector<UniqueRegion> regions;
+    std::unordered_map<std::string, size_t> by_sig;
+  };
+  std::map<std::string, TensorAcc> tensors;  // sorted by key: every rank creates datasets in this order
+
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::set<std::string> seen;
+    for (size_t i = 0; i < ranks[r].size(); ++i) {
+      const ItemDesc& it = ranks[r][i];
+      const std::string where = " (rank " + std::to_string(r) + ")";
+      if (auto st = validate_key(it.key); !st.ok()) return st.with_context("rank " + std::to_string(r));
+      if (!seen.insert(it.key).second)
+        return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "' added twice" + where);
+      if (auto st = it.shard.validate(it.global_shape); !st.ok())
+        return st.with_context("key '" + it.key + "'" + where);
+      auto [pos, inserted] = tensors.try_emplace(it.key, TensorAcc{it.dtype, it.global_shape, (int)r, {}, {}});
+      TensorAcc& acc = pos->second;
+      if (!inserted && acc.dtype != it.dtype)
+        return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.dtype) +
+                                                     " on rank " + std::to_string(acc.first_rank) + " but " +
+                                                     dtype_name(it.dtype) + " on rank " + std::to_string(r));
+      if (!inserted && acc.shape != it.global_shape)
+        return Status(ErrorCode::kShapeMismatch,
+                      "key '" + it.key + "': global shape " + to_string_shape(acc.shape) + " on rank " +
+                          std::to_string(acc.first_rank) + " but " + to_string_shape(it.global_shape) +
+                          " on rank " + std::to_string(r));
+      if (it.shard.numel() == 0) continue;  // holds nothing of this tensor
+      const std::string sig = region_signature(it.shard);
+      auto [rp, fresh] = acc.by_sig.try_emplace(sig, acc.regions.size());
+      if (fresh) {
+        acc.regions.push_back(UniqueRegion{it.shard, it.shard.numel() * (int64_t)dtype_size(it.dtype), {}});
+      }
+      acc.regions[rp->second].holders.push_back(Holder{(int)r, (int)i});
+    }
+  }
+
+  // A key may not be both a dataset and a group ("a" and "a/b").
+  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+    auto next = std::next(it);
+    if (next != tensors.end() && next->first.size() > it->first.size() &&
+        next->first.compare(0, it->first.size(), it->first) == 0 && next->first[it->first.size()] == '/')
+      return Status(ErrorCode::kInvalidArgument,
+                    "key '" + it->first + "' is also a group prefix of key '" + next->first + "'");
+  }
+
+  SavePlan plan;
+  plan.by_rank.resize(ranks.size());
+  plan.bytes_by_rank.assign(ranks.size(), 0);
+  struct Job {
+    int tensor, region;
+    int64_t bytes;
+  };
+  std::vector<Job> jobs;
+  for (auto& [key, acc] : tensors) {
+    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(key, acc.shape, acc.regions));
+    TensorPlan tp{key, acc.dtype, acc.shape, {}};
+    for (size_t r = 0; r < acc.regions.size(); ++r) {
+      tp.regions.push_back(PlannedRegion{acc.regions[r].shard, -1});
+      jobs.push_back(Job{(int)plan.tensors.size(), (int)r, acc.regions[r].bytes});
+    }
+    plan.tensors.push_back(std::move(tp));
+  }
+
+  // Worst-fit balancing: largest regions first, each to its least-loaded holder.
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.bytes > b.bytes; });
+  std::vector<const TensorAcc*> accs;
+  for (auto& [key, acc] : tensors) accs.push_back(&acc);
+  for (const Job& j : jobs) {
+    const UniqueRegion& ur = accs[j.tensor]->regions[j.region];
+    const Holder* best = &ur.holders[0];
+    for (const Holder& h : ur.holders)
+      if (plan.bytes_by_rank[h.rank] < plan.bytes_by_rank[best->rank]) best = &h;
+    plan.tensors[j.tensor].regions[j.region].writer = best->rank;
+    plan.bytes_by_rank[best->rank] += j.bytes;
+    plan.by_rank[best->rank].push_back(WriteAssignment{j.tensor, j.region, best->item});
+  }
+  for (auto& v : plan.by_rank)
+    std::sort(v.begin(), v.end(), [](const WriteAssignment& a, const WriteAssignment& b) {
+      return a.tensor != b.tensor ? a.tensor < b.tensor : a.region < b.region;
+    });
+  return plan;
+}
+
+}  // namespace h5ckpt::planner

@@ -1,0 +1,47 @@
+// Collective parallel-HDF5 writing of a planned checkpoint: one contiguous dataset per tensor,
+// global shape, created by every rank in plan order; each rank writes its assigned regions.
+#pragma once
+
+#include <mpi.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/save_planner.h"
+#include "storage/hdf5_util.h"
+
+namespace h5ckpt::storage {
+
+class ParallelWriter {
+ public:
+  /// Creates `file` and every dataset of `tensors` (with its dtype attribute).
+  /// Collective over `comm`; call with the lock from hdf5_lock() held.
+  static Result<ParallelWriter> create(const std::string& file, MPI_Comm comm,
+                                       const std::vector<planner::TensorPlan>& tensors);
+
+  /// Byte offset of each dataset in the file (-1 for empty tensors); the same on all ranks.
+  const std::vector<int64_t>& offsets() const { return offsets_; }
+
+  /// Writes this rank's part of tensor `index` (`shard` null: nothing, but still joins the
+  /// collective call). Collective over the communicator; every rank calls it for every tensor
+  /// in the same order.
+  Status write(size_t index, const ShardSpec* shard, const void* data);
+
+  /// Flushes (MPI_File_sync) and closes. Collective.
+  Status close();
+
+ private:
+  Hid file_;
+  std::vector<Hid> datasets_;
+  std::vector<Hid> types_;
+  std::vector<int64_t> offsets_;
+  Hid dxpl_;
+};
+
+/// Adds the `/meta` group (attributes and the JSON index) to a closed data file, serially.
+/// Called by the coordinator only, after all ranks closed the file.
+Status write_meta_group(const std::string& file, const std::string& metadata_json, int format_version,
+                        const std::string& library_version);
+
+}  // namespace h5ckpt::storage

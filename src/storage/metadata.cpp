@@ -1,0 +1,219 @@
+#include "storage/metadata.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "planner/box_math.h"
+#include "planner/save_planner.h"
+#include "util/checked_math.h"
+
+namespace h5ckpt::storage {
+
+using nlohmann::json;
+
+uint64_t checksum_bytes(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+namespace {
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+Status corrupt(const std::string& why) { return Status(ErrorCode::kCorrupt, "metadata: " + why); }
+
+// Reads an int64 array field; false if absent or of the wrong type.
+bool get_shape(const json& j, const char* name, Shape* out) {
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_array() || it->size() > kMaxDims) return false;
+  out->clear();
+  for (const auto& v : *it) {
+    if (!v.is_number_integer()) return false;
+    out->push_back(v.get<int64_t>());
+  }
+  return true;
+}
+
+template <class T>
+bool get_int(const json& j, const char* name, T* out) {
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_number_integer()) return false;
+  *out = it->get<T>();
+  return true;
+}
+
+bool get_str(const json& j, const char* name, std::string* out) {
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_string()) return false;
+  *out = it->get<std::string>();
+  return true;
+}
+
+}  // namespace
+
+std::string metadata_to_json(const CheckpointInfo& info) {
+  json j;
+  j["format"] = kFormatName;
+  j["format_version"] = kFormatVersion;
+  j["library_version"] = info.library_version;
+  j["step"] = info.step;
+  j["data_file"] = kDataFileName;
+  json topo;
+  topo["tp"] = info.saved_sizes.tp;
+  topo["dp"] = info.saved_sizes.dp;
+  topo["pp"] = info.saved_sizes.pp;
+  topo["world"] = info.saved_coords.size();
+  json coords = json::array();
+  for (const auto& c : info.saved_coords) coords.push_back({c.tp, c.dp, c.pp});
+  topo["coords"] = std::move(coords);
+  j["topology"] = std::move(topo);
+  j["attributes"] = info.attributes;
+  json tensors = json::array();
+  for (const auto& t : info.tensors) {
+    json jt;
+    jt["key"] = t.key;
+    jt["dtype"] = dtype_name(t.dtype);
+    jt["shape"] = t.shape;
+    jt["nbytes"] = t.nbytes;
+    jt["file_offset"] = t.file_offset;
+    json regions = json::array();
+    for (const auto& r : t.regions) {
+      json jr;
+      jr["offset"] = r.shard.box.offset;
+      jr["shape"] = r.shard.box.shape;
+      if (r.shard.flat) jr["flat"] = {r.shard.flat->first, r.shard.flat->second};
+      jr["writer"] = r.writer_rank;
+      if (r.checksum) jr["xxh3"] = hex64(r.checksum);
+      regions.push_back(std::move(jr));
+    }
+    jt["regions"] = std::move(regions);
+    tensors.push_back(std::move(jt));
+  }
+  j["tensors"] = std::move(tensors);
+  // The checksum covers the compact dump of everything else; nlohmann sorts object keys, so the
+  // dump is canonical and a reader can recompute it.
+  const std::string body = j.dump();
+  j["index_xxh3"] = hex64(checksum_bytes(body.data(), body.size()));
+  return j.dump();
+}
+
+Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data_file_size) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return corrupt("not valid JSON (truncated or damaged file?)");
+  std::string sum;
+  if (!get_str(j, "index_xxh3", &sum)) return corrupt("missing index_xxh3 checksum");
+  j.erase("index_xxh3");
+  const std::string body = j.dump();
+  if (hex64(checksum_bytes(body.data(), body.size())) != sum)
+    return corrupt("checksum mismatch: the metadata was modified or damaged");
+
+  CheckpointInfo info;
+  std::string format;
+  if (!get_str(j, "format", &format) || format != kFormatName) return corrupt("format is not 'h5ckpt'");
+  if (!get_int(j, "format_version", &info.format_version)) return corrupt("missing format_version");
+  if (info.format_version > kFormatVersion)
+    return Status(ErrorCode::kUnsupported, "checkpoint format version " + std::to_string(info.format_version) +
+                                               " is newer than this library's (" +
+                                               std::to_string(kFormatVersion) + ")");
+  get_str(j, "library_version", &info.library_version);
+  get_int(j, "step", &info.step);
+  if (!get_str(j, "data_file", &info.data_file) || info.data_file != kDataFileName)
+    return corrupt("data_file must be '" + std::string(kDataFileName) + "'");
+  const auto topo = j.find("topology");
+  if (topo == j.end() || !topo->is_object()) return corrupt("missing topology");
+  if (!get_int(*topo, "tp", &info.saved_sizes.tp) || !get_int(*topo, "dp", &info.saved_sizes.dp) ||
+      !get_int(*topo, "pp", &info.saved_sizes.pp))
+    return corrupt("topology sizes missing");
+  if (auto c = topo->find("coords"); c != topo->end() && c->is_array()) {
+    for (const auto& e : *c) {
+      if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
+          !e[2].is_number_integer())
+        return corrupt("malformed topology coords");
+      info.saved_coords.push_back(RankCoords{e[0].get<int>(), e[1].get<int>(), e[2].get<int>()});
+    }
+  }
+  if (auto a = j.find("attributes"); a != j.end() && a->is_object())
+    for (auto it = a->begin(); it != a->end(); ++it)
+      if (it->is_string()) info.attributes[it.key()] = it->get<std::string>();
+
+  const auto tensors = j.find("tensors");
+  if (tensors == j.end() || !tensors->is_array()) return corrupt("missing tensor list");
+  const int64_t world = static_cast<int64_t>(info.saved_coords.size());
+  for (const auto& jt : *tensors) {
+    TensorInfo t;
+    std::string dt;
+    if (!jt.is_object() || !get_str(jt, "key", &t.key)) return corrupt("tensor without key");
+    auto bad = [&](const std::string& why) { return corrupt("tensor '" + t.key + "': " + why); };
+    if (auto st = planner::validate_key(t.key); !st.ok()) return corrupt(st.message());
+    if (!get_str(jt, "dtype", &dt)) return bad("missing dtype");
+    auto dtype = dtype_from_name(dt);
+    if (!dtype.ok()) return bad(dtype.status().message());
+    t.dtype = *dtype;
+    if (!get_shape(jt, "shape", &t.shape) || t.shape.empty()) return bad("missing or malformed shape");
+    if (!get_int(jt, "file_offset", &t.file_offset) || !get_int(jt, "nbytes", &t.nbytes))
+      return bad("missing file_offset/nbytes");
+    int64_t numel = 1, nbytes = 0;
+    for (auto s : t.shape)
+      if (s < 0 || !checked_mul(numel, s, &numel)) return bad("shape " + to_string_shape(t.shape) + " invalid");
+    if (!checked_mul(numel, static_cast<int64_t>(dtype_size(t.dtype)), &nbytes) ||
+        static_cast<uint64_t>(nbytes) != t.nbytes)
+      return bad("nbytes " + std::to_string(t.nbytes) + " does not match shape and dtype");
+    if (t.nbytes > 0) {
+      int64_t end = 0;
+      if (t.file_offset < 0 || !checked_add(t.file_offset, nbytes, &end) ||
+          static_cast<uint64_t>(end) > data_file_size)
+        return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "': bytes [" + std::to_string(t.file_offset) +
+                                               ", " + std::to_string(end) + ") lie outside the data file of " +
+                                               std::to_string(data_file_size) + " bytes (truncated file?)");
+    }
+    const auto regions = jt.find("regions");
+    if (regions == jt.end() || !regions->is_array()) return bad("missing regions");
+    std::vector<std::vector<planner::ItemDesc>> as_ranks;  // reuse the planner's checks
+    for (const auto& jr : *regions) {
+      SavedRegion r;
+      if (!jr.is_object() || !get_shape(jr, "offset", &r.shard.box.offset) ||
+          !get_shape(jr, "shape", &r.shard.box.shape))
+        return bad("malformed region");
+      if (auto f = jr.find("flat"); f != jr.end()) {
+        if (!f->is_array() || f->size() != 2 || !(*f)[0].is_number_integer() || !(*f)[1].is_number_integer())
+          return bad("malformed flat range");
+        r.shard.flat = std::make_pair((*f)[0].get<int64_t>(), (*f)[1].get<int64_t>());
+      }
+      if (!get_int(jr, "writer", &r.writer_rank) || r.writer_rank < 0 || (world > 0 && r.writer_rank >= world))
+        return bad("region writer rank invalid");
+      std::string x;
+      if (get_str(jr, "xxh3", &x)) {
+        if (x.size() != 16 || x.find_first_not_of("0123456789abcdef") != std::string::npos)
+          return bad("malformed region checksum");
+        r.checksum = std::stoull(x, nullptr, 16);
+      }
+      if (auto st = r.shard.validate(t.shape); !st.ok()) return corrupt(st.message()).with_context(t.key);
+      as_ranks.push_back({planner::ItemDesc{t.key, t.dtype, t.shape, r.shard}});
+      t.regions.push_back(std::move(r));
+    }
+    // Disjoint and complete: the same check the save planner applies (one region per "rank").
+    auto plan = planner::plan_save(as_ranks);
+    if (!plan.ok()) return Status(ErrorCode::kCorrupt, "metadata: " + plan.status().message());
+    if (!plan->tensors.empty() && plan->tensors[0].regions.size() != t.regions.size())
+      return bad("a region is listed twice");
+    info.tensors.push_back(std::move(t));
+  }
+  std::sort(info.tensors.begin(), info.tensors.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.key < b.key; });
+  for (size_t i = 1; i < info.tensors.size(); ++i)
+    if (info.tensors[i].key == info.tensors[i - 1].key) return corrupt("key '" + info.tensors[i].key + "' twice");
+  // Datasets must not share bytes, or a write through one would corrupt another.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& t : info.tensors)
+    if (t.nbytes) spans.emplace_back(t.file_offset, t.file_offset + static_cast<int64_t>(t.nbytes));
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second) return corrupt("two datasets overlap in the data file");
+  return info;
+}
+
+}  // namespace h5ckpt::storage

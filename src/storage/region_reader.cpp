@@ -1,0 +1,127 @@
+#include "storage/region_reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "util/dtype_convert.h"
+
+namespace h5ckpt::storage {
+
+namespace {
+constexpr uint64_t kBounceBytes = 8u << 20;   // span read at once when runs are close together
+constexpr uint64_t kMaxGapBytes = 64u << 10;  // a gap worth reading through rather than seeking
+}  // namespace
+
+Result<RegionReader> RegionReader::open(const std::string& data_file) {
+  RegionReader r;
+  r.path_ = data_file;
+  r.fd_ = ::open(data_file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r.fd_ < 0) {
+    int err = errno;
+    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                  "cannot open data file '" + data_file + "': " + std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(r.fd_, &st) != 0) return Status(ErrorCode::kIo, "cannot stat '" + data_file + "'");
+  r.size_ = static_cast<uint64_t>(st.st_size);
+  return r;
+}
+
+RegionReader::RegionReader(RegionReader&& o) noexcept
+    : fd_(o.fd_), size_(o.size_), bytes_read_(o.bytes_read_), path_(std::move(o.path_)), bounce_(std::move(o.bounce_)) {
+  o.fd_ = -1;
+}
+
+RegionReader::~RegionReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status RegionReader::pread_exact(void* buf, uint64_t len, uint64_t off) {
+  if (off + len > size_ || off + len < off)
+    return Status(ErrorCode::kCorrupt, "read of bytes [" + std::to_string(off) + ", " + std::to_string(off + len) +
+                                           ") past the end of '" + path_ + "' (" + std::to_string(size_) +
+                                           " bytes): truncated file");
+  auto* p = static_cast<char*>(buf);
+  uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd_, p + done, len - done, static_cast<off_t>(off + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status(ErrorCode::kIo, "pread of '" + path_ + "' failed: " + std::strerror(errno));
+    }
+    if (n == 0) return Status(ErrorCode::kCorrupt, "unexpected end of '" + path_ + "' (truncated file)");
+    done += static_cast<uint64_t>(n);
+  }
+  bytes_read_ += len;
+  return Status::Ok();
+}
+
+Status RegionReader::read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type,
+                          void* dst) {
+  const uint64_t es = dtype_size(t.dtype), ds = dtype_size(dst_type);
+  const bool convert = t.dtype != dst_type;
+  if (convert && !(dtype_is_float(t.dtype) && dtype_is_float(dst_type)))
+    return Status(ErrorCode::kDtypeMismatch, std::string("cannot convert ") + dtype_name(t.dtype) + " to " +
+                                                 dtype_name(dst_type));
+  if (t.file_offset < 0) return Status::Ok();  // empty tensor
+  const planner::Frame src{Box{Shape(t.shape.size(), 0), t.shape}, 0};
+  auto* out = static_cast<char*>(dst);
+  if (bounce_.empty()) bounce_.resize(kBounceBytes);
+
+  // Runs are batched into one span read when they lie close together in the file.
+  struct Run {
+    uint64_t file_off;
+    int64_t dst_idx;
+    int64_t count;
+  };
+  std::vector<Run> group;
+  uint64_t group_start = 0, group_end = 0;
+  Status st;
+  auto emit = [&](const Run& r, const char* src_bytes) {
+    char* d = out + r.dst_idx * ds;
+    if (!convert) std::memcpy(d, src_bytes, r.count * es);
+    else detail::convert_elements(src_bytes, t.dtype, d, dst_type, r.count);
+  };
+  auto flush = [&]() -> Status {
+    if (group.empty()) return Status::Ok();
+    if (group.size() == 1) {
+      const Run& r = group[0];
+      if (!convert) {
+        H5CKPT_RETURN_IF_ERROR(pread_exact(out + r.dst_idx * ds, r.count * es, r.file_off));
+      } else {  // long run with conversion: through the bounce buffer in pieces
+        const int64_t per = static_cast<int64_t>(kBounceBytes / es);
+        for (int64_t done = 0; done < r.count; done += per) {
+          const int64_t n = std::min(per, r.count - done);
+          H5CKPT_RETURN_IF_ERROR(pread_exact(bounce_.data(), n * es, r.file_off + done * es));
+          emit(Run{0, r.dst_idx + done, n}, bounce_.data());
+        }
+      }
+    } else {
+      H5CKPT_RETURN_IF_ERROR(pread_exact(bounce_.data(), group_end - group_start, group_start));
+      for (const Run& r : group) emit(r, bounce_.data() + (r.file_off - group_start));
+    }
+    group.clear();
+    return Status::Ok();
+  };
+  planner::for_each_run(region, src, frame, [&](int64_t si, int64_t di, int64_t n) {
+    if (!st.ok()) return;
+    const Run r{static_cast<uint64_t>(t.file_offset) + static_cast<uint64_t>(si) * es, di, n};
+    const uint64_t end = r.file_off + static_cast<uint64_t>(n) * es;
+    const bool fits = !group.empty() && end - group_start <= kBounceBytes && r.file_off >= group_end &&
+                      r.file_off - group_end <= kMaxGapBytes;
+    if (!fits) {
+      st = flush();
+      group_start = r.file_off;
+    }
+    group.push_back(r);
+    group_end = end;
+  });
+  H5CKPT_RETURN_IF_ERROR(st);
+  return flush();
+}
+
+}  // namespace h5ckpt::storage

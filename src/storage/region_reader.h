@@ -1,0 +1,39 @@
+// Positioned reads of tensor regions straight from the data file at the offsets recorded in
+// the validated metadata: no HDF5 parsing of the file, many reads in flight is possible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "h5ckpt/checkpointer.h"
+#include "planner/box_math.h"
+
+namespace h5ckpt::storage {
+
+class RegionReader {
+ public:
+  static Result<RegionReader> open(const std::string& data_file);
+  RegionReader(RegionReader&& o) noexcept;
+  RegionReader& operator=(RegionReader&&) = delete;
+  ~RegionReader();
+
+  uint64_t file_size() const { return size_; }
+  uint64_t bytes_read() const { return bytes_read_; }
+
+  /// Reads `region` (global coordinates, inside the tensor) of tensor `t` into `dst`, a buffer
+  /// laid out as `frame` with elements of `dst_type` (converted with round-to-nearest-even when
+  /// it differs from the stored dtype; both must then be float types).
+  Status read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
+
+ private:
+  RegionReader() = default;
+  Status pread_exact(void* buf, uint64_t len, uint64_t off);
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  uint64_t bytes_read_ = 0;
+  std::string path_;
+  std::vector<char> bounce_;
+};
+
+}  // namespace h5ckpt::storage

@@ -1,0 +1,81 @@
+// Tiny bounds-checked binary serialization for plans and descriptors sent over MPI.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace h5ckpt {
+
+class ByteWriter {
+ public:
+  template <class T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const char*>(&v);
+    buf_.append(p, sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put<uint64_t>(s.size());
+    buf_.append(s);
+  }
+  void put_vec(const std::vector<int64_t>& v) {
+    put<uint64_t>(v.size());
+    buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  }
+  std::string& str() { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+/// Reader that fails (ok() == false) instead of reading past the end.
+class ByteReader {
+ public:
+  ByteReader(const char* data, size_t size) : p_(data), end_(data + size) {}
+  explicit ByteReader(const std::string& s) : ByteReader(s.data(), s.size()) {}
+  template <class T>
+  T get() {
+    T v{};
+    if (!need(sizeof(T))) return v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  std::string get_string() {
+    uint64_t n = get<uint64_t>();
+    if (!need(n)) return {};
+    std::string s(p_, n);
+    p_ += n;
+    return s;
+  }
+  std::vector<int64_t> get_vec() {
+    uint64_t n = get<uint64_t>();
+    if (n > 1u << 20 || !need(n * sizeof(int64_t))) {
+      ok_ = false;
+      return {};
+    }
+    std::vector<int64_t> v(n);
+    std::memcpy(v.data(), p_, n * sizeof(int64_t));
+    p_ += n * sizeof(int64_t);
+    return v;
+  }
+  bool ok() const { return ok_; }
+  bool at_end() const { return p_ == end_; }
+
+ private:
+  bool need(size_t n) {
+    if (!ok_ || static_cast<size_t>(end_ - p_) < n) {
+      ok_ = false;
+      return false;
+    }
+    return true;
+  }
+  const char* p_;
+  const char* end_;
+  bool ok_ = true;
+};
+
+}  // namespace h5ckpt
