@@ -18,6 +18,13 @@ int64_t tail_volume(const Shape& shape, size_t d) {
 void decompose_rec(const Box& box, Box& cur, size_t d, int64_t b, int64_t e, std::vector<Box>& out) {
   if (b >= e) return;
   const size_t n = box.shape.size();
+  if (d + 1 == n) {  // last dimension: any range is one box
+    Box r = cur;
+    r.offset[d] = box.offset[d] + b;
+    r.shape[d] = e - b;
+    out.push_back(std::move(r));
+    return;
+  }
   const int64_t inner = tail_volume(box.shape, d + 1);
   const int64_t whole = inner * box.shape[d];
   if (b == 0 && e == whole) {  // full sub-box

@@ -1,0 +1,47 @@
+// A small Megatron-like state for resharding tests: values are a pure function of (key, global
+// flat index), so any rank can check any buffer it holds, element by element.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "h5ckpt/h5ckpt.hpp"
+
+namespace h5ckpt::testing {
+
+struct Layout {
+  int tp = 1, dp = 1, pp = 1;
+  bool zero = false;  ///< optimizer states flattened and split over DP
+  std::string name() const;
+};
+
+/// Every (tp, pp in {1,2}, zero on/off) layout of `world` ranks.
+std::vector<Layout> layouts_for(int world);
+
+/// Expected value of element `flat` of tensor `key`, as the bytes of `dtype`.
+void expected_value(const std::string& key, DType dtype, int64_t flat, void* out);
+
+/// Global flat index of element j of a buffer laid out as `shard` of `shape`.
+int64_t global_flat_index(const ShardSpec& shard, const Shape& shape, int64_t j);
+
+/// Owns buffers for this rank's part of the test model under `layout`.
+class TestModel {
+ public:
+  TestModel(const Layout& layout, RankCoords coords, bool fill);
+  StateDict& state() { return state_; }
+  /// Number of elements that differ from expected_value (0 = all good); describes the first.
+  int64_t count_mismatches(std::string* first) const;
+
+ private:
+  void add(const std::string& key, DType dtype, Shape shape, ShardSpec shard, bool fill);
+  StateDict state_;
+  std::vector<std::vector<unsigned char>> buffers_;
+};
+
+/// A fresh directory shared by all ranks of `comm` (created by rank 0).
+std::string shared_temp_dir(MPI_Comm comm, const std::string& tag);
+
+}  // namespace h5ckpt::testing

@@ -1,0 +1,77 @@
+// Cross product of save layouts x load layouts: every rank checks every element it loads.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "support/test_model.h"
+
+using namespace h5ckpt;
+using h5ckpt::testing::Layout;
+
+namespace {
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+Topology make_topology(const Layout& L) {
+  auto t = Topology::create(MPI_COMM_WORLD, ParallelSizes{L.tp, L.dp, L.pp});
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  return std::move(t).value();
+}
+
+}  // namespace
+
+TEST(Reshard, EveryLayoutPair) {
+  const auto layouts = h5ckpt::testing::layouts_for(world_size());
+  const std::string root = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "reshard");
+  ASSERT_FALSE(root.empty());
+  // Save once per layout, then load every checkpoint under every layout.
+  for (const Layout& s : layouts) {
+    Topology topo = make_topology(s);
+    h5ckpt::testing::TestModel model(s, topo.coords(), /*fill=*/true);
+    Checkpointer ck(topo);
+    auto saved = ck.save(model.state(), root + "/" + s.name());
+    ASSERT_TRUE(saved.ok()) << s.name() << ": " << saved.status().to_string();
+  }
+  for (const Layout& s : layouts) {
+    for (const Layout& l : layouts) {
+      Topology topo = make_topology(l);
+      h5ckpt::testing::TestModel model(l, topo.coords(), /*fill=*/false);
+      Checkpointer ck(topo);
+      auto loaded = ck.load(model.state(), root + "/" + s.name());
+      ASSERT_TRUE(loaded.ok()) << s.name() << " -> " << l.name() << ": " << loaded.status().to_string();
+      std::string first;
+      EXPECT_EQ(model.count_mismatches(&first), 0)
+          << "saved " << s.name() << ", loaded " << l.name() << ": first mismatch at " << first;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::filesystem::remove_all(root);
+}
+
+TEST(Reshard, ReplicasWrittenOnceAndBalanced) {
+  // Pure DP: every rank holds the same tensors; each unique region must be written exactly once
+  // and the bytes spread over the replicas.
+  const int n = world_size();
+  Topology topo = make_topology(Layout{1, n, 1, false});
+  const std::string root = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "replicas");
+  h5ckpt::testing::TestModel model(Layout{1, n, 1, false}, topo.coords(), true);
+  Checkpointer ck(topo);
+  auto saved = ck.save(model.state(), root + "/ckpt");
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  uint64_t mine = saved->bytes_written, total = 0, most = 0;
+  MPI_Allreduce(&mine, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &most, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(total, saved->bytes_total) << "replicated bytes must be written exactly once";
+  if (n > 1) EXPECT_LT(most, saved->bytes_total) << "one rank wrote everything";
+  auto info = read_checkpoint_info(root + "/ckpt");
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  for (const auto& t : info->tensors) EXPECT_EQ(t.regions.size(), 1u) << t.key;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (topo.rank() == 0) std::filesystem::remove_all(root);
+}
