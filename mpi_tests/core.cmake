@@ -5,3 +5,13 @@ target_include_directories(h5ckpt_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR
 h5ckpt_mpi_test_binary(test_reshard test_reshard.cpp)
 target_link_libraries(test_reshard PRIVATE h5ckpt_test_support)
 h5ckpt_add_mpi_test(test_reshard LABELS core TIMEOUT 600)
+
+h5ckpt_mpi_test_binary(test_errors test_errors.cpp)
+target_link_libraries(test_errors PRIVATE h5ckpt_test_support)
+target_include_directories(test_errors PRIVATE ${XXHASH_INCLUDE_DIR})
+target_link_libraries(test_errors PRIVATE ${XXHASH_LIBRARY})
+h5ckpt_add_mpi_test(test_errors LABELS core RANKS 1 2 4 TIMEOUT 300)
+
+h5ckpt_mpi_test_binary(test_dtypes test_dtypes.cpp)
+target_link_libraries(test_dtypes PRIVATE h5ckpt_test_support hdf5::hdf5)
+h5ckpt_add_mpi_test(test_dtypes LABELS core RANKS 1 2 4 8 TIMEOUT 300)

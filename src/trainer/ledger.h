@@ -1,0 +1,36 @@
+// A record of every sample piece the data loader handed out, for the exactly-once check.
+// One text line per piece: "step dp source record begin end".
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "h5ckpt/loader_state.h"
+#include "h5ckpt/status.h"
+
+namespace h5ckpt::workload {
+
+struct LedgerEntry {
+  int64_t step = 0;
+  int64_t dp = 0;
+  loader::Piece piece;
+};
+
+/// Pieces recorded on this rank since the last flush.
+class Ledger {
+ public:
+  void record(int64_t step, int dp_rank, const std::vector<loader::Piece>& pieces);
+  /// Gathers every rank's entries to world rank 0, which appends them to `path` sorted by
+  /// (step, dp). Collective over `world`; all ranks return rank 0's outcome.
+  Status flush(MPI_Comm world, const std::string& path);
+
+ private:
+  std::vector<int64_t> rows_;  // 6 int64 per entry
+};
+
+/// Reads a ledger file; entries with step > max_step are skipped (max_step < 0: none).
+Result<std::vector<LedgerEntry>> read_ledger(const std::string& path, int64_t max_step = -1);
+
+}  // namespace h5ckpt::workload

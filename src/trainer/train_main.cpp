@@ -1,0 +1,382 @@
+// h5ckpt-train: a synthetic GPT training job that checkpoints with h5ckpt and resumes under any
+// layout. Also two checking modes used by the tests and the main job:
+//   --verify-ledger FILE --ckpt-dir DIR   every sample consumed exactly once (ledger + loader state)
+//   --compare A B                          model and optimizer datasets bit-identical (1 rank)
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdarg>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "h5ckpt/h5ckpt.hpp"
+#include "h5ckpt/loader_state.h"
+#include "ledger.h"
+#include "workload.h"
+
+using namespace h5ckpt;
+using namespace h5ckpt::workload;
+
+namespace {
+
+struct Options {
+  TrainConfig cfg;
+  std::string dtype = "bf16";
+  int64_t steps = 20;
+  int64_t save_every = 5;
+  std::string ckpt_dir;
+  std::string ledger;
+  std::string report;
+  std::string verify_ledger;
+  std::vector<std::string> compare;
+  bool quiet = false;
+};
+
+int g_rank = 0;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void say(const Options& o, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void say(const Options& o, const char* fmt, ...) {
+  if (g_rank != 0 || o.quiet) return;
+  va_list ap;
+  va_start(ap, fmt);
+  std::printf("[h5ckpt-train] ");
+  std::vprintf(fmt, ap);
+  std::printf("\n");
+  std::fflush(stdout);
+  va_end(ap);
+}
+
+void error(const std::string& msg) {
+  if (g_rank == 0) std::fprintf(stderr, "h5ckpt-train: error: %s\n", msg.c_str());
+}
+
+// All ranks learn whether any failed; the first failing rank's message is printed by rank 0.
+bool all_ok(const Status& st, const std::string& what) {
+  int mine = st.ok() ? 0 : 1, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!any) return true;
+  int first = mine ? g_rank : INT32_MAX, who = 0;
+  MPI_Allreduce(&first, &who, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  std::string msg = st.to_string();
+  int len = static_cast<int>(msg.size());
+  MPI_Bcast(&len, 1, MPI_INT, who, MPI_COMM_WORLD);
+  msg.resize(static_cast<size_t>(len));
+  MPI_Bcast(msg.data(), len, MPI_CHAR, who, MPI_COMM_WORLD);
+  error(what + " failed (rank " + std::to_string(who) + "): " + msg);
+  return false;
+}
+
+double max_over_ranks(double v) {
+  double m = 0;
+  MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+uint64_t sum_over_ranks(uint64_t v) {
+  uint64_t s = 0;
+  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return s;
+}
+
+void append_report(const Options& o, const std::string& op, int64_t step, double seconds, uint64_t bytes,
+                   const std::string& path) {
+  if (g_rank != 0 || o.report.empty()) return;
+  std::FILE* f = std::fopen(o.report.c_str(), "a");
+  if (!f) return;
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::fprintf(f,
+               "{\"op\":\"%s\",\"step\":%" PRId64 ",\"layout\":\"%s\",\"world\":%d,\"seconds\":%.6f,"
+               "\"bytes\":%" PRIu64 ",\"path\":\"%s\"}\n",
+               op.c_str(), step, o.cfg.layout_tag().c_str(), world, seconds, bytes, path.c_str());
+  std::fclose(f);
+}
+
+std::string step_dir(const std::string& root, int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08" PRId64, step);
+  return (std::filesystem::path(root) / buf).string();
+}
+
+// ---- training ------------------------------------------------------------------------------
+
+int train(Options& o, int world) {
+  const Status valid = o.cfg.validate(world);
+  if (!valid.ok()) {
+    error(valid.message());
+    return 2;
+  }
+  auto topo = Topology::create(MPI_COMM_WORLD, o.cfg.sizes);
+  if (!all_ok(topo.status(), "topology")) return 1;
+  const RankCoords me = topo->coords();
+  Workload w(o.cfg, *topo);
+  Checkpointer ck(*topo);
+  ck.set_attribute("trainer.layout", o.cfg.layout_tag());
+  Ledger ledger;
+  const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0;
+
+  if (!o.ckpt_dir.empty()) {
+    auto info = read_checkpoint_info(o.ckpt_dir);
+    int code = info.ok() ? 0 : info.status().code() == ErrorCode::kNotFound ? 1 : 2;
+    int lo = 0, hi = 0;
+    MPI_Allreduce(&code, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&code, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (hi == 2 || lo != hi) {
+      all_ok(code == 0 ? Status::Ok() : info.status(), "reading checkpoint '" + o.ckpt_dir + "'");
+      return 1;
+    }
+    if (code == 0) {
+      StateDict sd;
+      if (!all_ok(w.stage_load(sd, *info), "preparing the load")) return 1;
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = now_s();
+      auto rep = ck.load(sd, o.ckpt_dir);
+      if (!all_ok(rep.status(), "load")) return 1;
+      if (!all_ok(w.finish_load(), "restoring loader/extra state")) return 1;
+      double secs = max_over_ranks(now_s() - t0);
+      uint64_t bytes = sum_over_ranks(rep->bytes_read);
+      int restored = w.rng_restored() ? 1 : 0, n_restored = 0;
+      MPI_Allreduce(&restored, &n_restored, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+      say(o, "resumed %s at step %" PRId64 " (saved as tp%d.pp%d.dp%d) as %s: %.1f MB read in %.3f s; "
+             "RNG restored on %d/%d ranks, derived on the others",
+          rep->path.c_str(), w.global_step(), info->saved_sizes.tp, info->saved_sizes.pp, info->saved_sizes.dp,
+          o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
+      append_report(o, "load", w.global_step(), secs, bytes, rep->path);
+    } else {
+      say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
+    }
+  }
+
+  const uint64_t state_bytes = sum_over_ranks(w.local_state_bytes());
+  say(o, "layout %s, world %d, %.1f MB of model+optimizer state over all ranks, training to step %" PRId64,
+      o.cfg.layout_tag().c_str(), world, state_bytes / 1e6, o.steps);
+  double train_s = 0;
+  int64_t trained = 0;
+  for (int64_t step = w.global_step() + 1; step <= o.steps; ++step) {
+    double t0 = now_s();
+    auto pieces = w.train_step();
+    train_s += now_s() - t0;
+    ++trained;
+    if (record) ledger.record(step, me.dp, pieces);
+    bool save = !o.ckpt_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps);
+    if (!save) continue;
+    StateDict sd;
+    w.stage_save(sd);
+    SaveOptions so;
+    so.step = step;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t1 = now_s();
+    auto rep = ck.save(sd, step_dir(o.ckpt_dir, step), so);
+    if (!all_ok(rep.status(), "save at step " + std::to_string(step))) return 1;
+    double secs = max_over_ranks(now_s() - t1);
+    say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s", step, rep->path.c_str(), rep->bytes_total / 1e6, secs);
+    append_report(o, "save", step, secs, rep->bytes_total, rep->path);
+    // The ledger follows the committed checkpoints, so a resume continues it seamlessly.
+    if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
+  }
+  if (!o.ledger.empty() && o.ckpt_dir.empty() &&
+      !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger"))
+    return 1;
+  say(o, "done: step %" PRId64 ", %" PRId64 " steps in %.3f s of compute (rank 0)", w.global_step(), trained, train_s);
+  return 0;
+}
+
+// ---- checks --------------------------------------------------------------------------------
+
+int verify_ledger(Options& o, int world) {
+  if (o.ckpt_dir.empty()) {
+    error("--verify-ledger needs --ckpt-dir (the checkpoint the ledger ends at)");
+    return 2;
+  }
+  o.cfg.sizes = {1, world, 1};  // any layout can read the loader items; the model is not needed
+  auto topo = Topology::create(MPI_COMM_WORLD, o.cfg.sizes);
+  if (!all_ok(topo.status(), "topology")) return 1;
+  auto info = read_checkpoint_info(o.ckpt_dir);
+  if (!all_ok(info.status(), "reading checkpoint '" + o.ckpt_dir + "'")) return 1;
+  loader::LoaderCheckpoint lc;
+  StateDict sd;
+  if (!all_ok(lc.stage_load(sd, *info), "preparing the loader load")) return 1;
+  Checkpointer ck(*topo);
+  auto rep = ck.load(sd, o.ckpt_dir);
+  if (!all_ok(rep.status(), "load")) return 1;
+  Status st;
+  loader::VerifySummary sum;
+  size_t n_pieces = 0;
+  if (g_rank == 0) {
+    auto lr = lc.saved_replicated();
+    auto shards = lc.saved_shards();
+    auto entries = read_ledger(o.verify_ledger, info->step);
+    if (!lr.ok()) st = lr.status();
+    else if (!shards.ok()) st = shards.status();
+    else if (!entries.ok()) st = entries.status();
+    else {
+      std::vector<loader::Piece> pieces;
+      for (const auto& e : *entries) pieces.push_back(e.piece);
+      n_pieces = pieces.size();
+      st = loader::verify_exactly_once(*lr, *shards, pieces, &sum);
+    }
+  }
+  if (!all_ok(st, "exactly-once check of '" + o.verify_ledger + "' against " + info->path)) return 1;
+  say(o, "exactly-once OK up to step %" PRId64 ": %zu pieces, %" PRId64 " tokens; %" PRId64
+         " samples fully consumed, %" PRId64 " partly consumed (rest buffered), %" PRId64 " pending",
+      info->step, n_pieces, sum.tokens_consumed, sum.samples_complete, sum.samples_partial, sum.samples_pending);
+  return 0;
+}
+
+bool compared_key(const std::string& k) {
+  return k.rfind("model/", 0) == 0 || k.rfind("optimizer/", 0) == 0 || k == "extra/global_step";
+}
+
+int compare(Options& o, int world) {
+  if (world != 1) {
+    error("--compare runs on one rank (mpiexec -n 1)");
+    return 2;
+  }
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, 1, 1});
+  if (!topo.ok()) return error(topo.status().to_string()), 1;
+  Result<CheckpointInfo> info[2] = {read_checkpoint_info(o.compare[0]), read_checkpoint_info(o.compare[1])};
+  for (auto& i : info)
+    if (!i.ok()) return error(i.status().to_string()), 1;
+  std::map<std::string, const TensorInfo*> t[2];
+  for (int s = 0; s < 2; ++s)
+    for (const auto& ti : info[s]->tensors)
+      if (compared_key(ti.key)) t[s][ti.key] = &ti;
+  int bad = 0;
+  for (int s = 0; s < 2; ++s)
+    for (const auto& [k, ti] : t[s])
+      if (!t[1 - s].count(k)) {
+        std::printf("MISSING %s: only in %s\n", k.c_str(), info[s]->path.c_str());
+        ++bad;
+      }
+  // Load both checkpoints whole, tensor by tensor in one load per checkpoint.
+  std::map<std::string, std::vector<uint8_t>> data[2];
+  Checkpointer ck(*topo);
+  for (int s = 0; s < 2; ++s) {
+    StateDict sd;
+    for (const auto& [k, ti] : t[s]) {
+      auto& buf = data[s][k];
+      int64_t n = 1;
+      for (auto d : ti->shape) n *= d;
+      buf.resize(static_cast<size_t>(n) * dtype_size(ti->dtype));
+      sd.add_replicated(k, ti->dtype, ti->shape, buf.data());
+    }
+    auto r = ck.load(sd, info[s]->path);
+    if (!r.ok()) return error("loading " + info[s]->path + ": " + r.status().to_string()), 1;
+  }
+  uint64_t bytes = 0;
+  size_t same = 0;
+  for (const auto& [k, a] : t[0]) {
+    auto it = t[1].find(k);
+    if (it == t[1].end()) continue;
+    const TensorInfo* b = it->second;
+    if (a->dtype != b->dtype) {
+      std::printf("DTYPE %s: %s vs %s\n", k.c_str(), dtype_name(a->dtype), dtype_name(b->dtype));
+      ++bad;
+      continue;
+    }
+    const auto& da = data[0][k];
+    const auto& db = data[1][k];
+    size_t common = std::min(da.size(), db.size());
+    bool shape_ok = a->shape == b->shape;
+    if (!shape_ok) {
+      // Only a vocabulary padded to another multiple is acceptable: rows differ, the surplus
+      // rows must be zero, the common rows identical.
+      bool rows_only = a->shape.size() == 2 && b->shape.size() == 2 && a->shape[1] == b->shape[1];
+      const auto& longer = da.size() > db.size() ? da : db;
+      bool zero_tail = std::all_of(longer.begin() + static_cast<long>(common), longer.end(),
+                                   [](uint8_t x) { return x == 0; });
+      if (!rows_only || !zero_tail) {
+        std::printf("SHAPE %s differs beyond vocabulary padding\n", k.c_str());
+        ++bad;
+        continue;
+      }
+    }
+    if (std::memcmp(da.data(), db.data(), common) != 0) {
+      size_t i = 0;
+      while (da[i] == db[i]) ++i;
+      size_t es = dtype_size(a->dtype);
+      std::printf("DIFF %s: first differing element %zu\n", k.c_str(), i / es);
+      ++bad;
+      continue;
+    }
+    ++same;
+    bytes += common;
+  }
+  if (bad) {
+    std::printf("compare: %d mismatching datasets (%zu identical)\n", bad, same);
+    return 1;
+  }
+  std::printf("compare: %zu datasets (model/, optimizer/, extra/global_step), %.1f MB: bit-identical\n", same,
+              bytes / 1e6);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+
+  Options o;
+  auto& c = o.cfg;
+  auto& m = c.model;
+  CLI::App app{"Synthetic GPT trainer for h5ckpt: Megatron-style TP/PP/DP layouts, elementwise Adam, "
+               "a data loader with token buffers; checkpoints with h5ckpt and resumes bit-exactly under "
+               "any layout. Launch with mpiexec -n tp*pp*dp.",
+               "h5ckpt-train"};
+  app.add_option("--tp", c.sizes.tp, "tensor-parallel size")->capture_default_str();
+  app.add_option("--pp", c.sizes.pp, "pipeline-parallel size")->capture_default_str();
+  app.add_option("--dp", c.sizes.dp, "data-parallel size (world size must be tp*pp*dp)")->capture_default_str();
+  app.add_flag("--zero", c.zero, "distributed optimizer: fp32 master, Adam m and v flattened and split over DP");
+  app.add_option("--layers", m.layers, "transformer layers (split over PP stages)")->capture_default_str();
+  app.add_option("--hidden", m.hidden, "hidden size")->capture_default_str();
+  app.add_option("--heads", m.heads, "attention heads")->capture_default_str();
+  app.add_option("--kv-heads", m.kv_heads, "KV heads (GQA groups; a multiple of tp)")->capture_default_str();
+  app.add_option("--ffn", m.ffn, "MLP hidden size")->capture_default_str();
+  app.add_option("--vocab", m.vocab, "vocabulary size (padded up to a multiple of tp)")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "model parameter dtype")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
+  app.add_option("--steps", o.steps, "train until global step N")->capture_default_str();
+  app.add_option("--save-every", o.save_every, "save every K steps (and at the last step); 0: last step only")
+      ->capture_default_str();
+  app.add_option("--ckpt-dir", o.ckpt_dir, "checkpoint directory: resume from its latest checkpoint, save there");
+  app.add_option("--seed", c.seed, "seed of the data loader and the RNG states")->capture_default_str();
+  app.add_flag("--tie-embeddings", m.tie_embeddings, "output layer shares the word embedding (no output_layer.weight)");
+  app.add_option("--loader-workers", c.loader_workers, "data-loader read workers per DP rank")->capture_default_str();
+  app.add_option("--seq-len", c.context_len, "tokens per window (one window per DP rank per step)")->capture_default_str();
+  app.add_option("--ledger", o.ledger, "append every consumed sample piece (step dp source record begin end) to FILE");
+  app.add_option("--report", o.report, "append one JSON line per save/load (seconds, bytes) to FILE");
+  app.add_option("--verify-ledger", o.verify_ledger,
+                 "check mode: every sample in FILE plus --ckpt-dir's loader state consumed exactly once");
+  app.add_option("--compare", o.compare, "check mode (1 rank): checkpoints A and B have bit-identical "
+                                         "model/ and optimizer/ datasets")->expected(2);
+  app.add_flag("--quiet", o.quiet, "print errors only");
+  int rc = 0;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same arguments, so all take this path; rank 0 prints.
+    if (g_rank == 0) rc = app.exit(e);
+    else rc = e.get_exit_code();
+    MPI_Finalize();
+    return rc;
+  }
+  m.dtype = o.dtype == "f32" ? DType::kF32 : DType::kBF16;
+  if (!o.compare.empty()) rc = compare(o, world);
+  else if (!o.verify_ledger.empty()) rc = verify_ledger(o, world);
+  else rc = train(o, world);
+  MPI_Finalize();
+  return rc;
+}

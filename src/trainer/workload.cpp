@@ -1,0 +1,288 @@
+// The synthetic workload: tensors, initial values, the elementwise Adam step, checkpoint items.
+#include "workload.h"
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace h5ckpt::workload {
+
+// ---- numerics ------------------------------------------------------------------------------
+
+uint32_t fnv1a32(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+float initial_value(int64_t i, uint32_t h) {
+  // Integers in [-125, 125] over 128: at most 8 significant bits, so exact in bf16.
+  return static_cast<float>((i * 7 + static_cast<int64_t>(h)) % 251 - 125) / 128.0f;
+}
+
+float target_value(int64_t i, uint32_t h) {
+  return static_cast<float>((i * 3 + static_cast<int64_t>(h)) % 17) / 16.0f;
+}
+
+uint16_t to_bf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
+  // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit, then truncate.
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float from_bf16(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// ---- configuration -------------------------------------------------------------------------
+
+Status TrainConfig::validate(int world_size) const {
+  auto bad = [](const std::string& m) { return Status(ErrorCode::kInvalidArgument, m); };
+  const auto& m = model;
+  if (sizes.tp < 1 || sizes.pp < 1 || sizes.dp < 1) return bad("--tp, --pp and --dp must be >= 1");
+  if (world_size != sizes.tp * sizes.pp * sizes.dp)
+    return bad("world size " + std::to_string(world_size) + " != tp*pp*dp = " + std::to_string(sizes.tp) +
+               "*" + std::to_string(sizes.pp) + "*" + std::to_string(sizes.dp) + " = " +
+               std::to_string(sizes.tp * sizes.pp * sizes.dp) + " (launch with mpiexec -n " +
+               std::to_string(sizes.tp * sizes.pp * sizes.dp) + ")");
+  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.kv_heads < 1 || m.ffn < 1 || m.vocab < 1)
+    return bad("--layers, --hidden, --heads, --kv-heads, --ffn and --vocab must be >= 1");
+  if (m.hidden % m.heads != 0) return bad("--hidden must be a multiple of --heads");
+  if (m.heads % m.kv_heads != 0) return bad("--heads must be a multiple of --kv-heads (GQA groups)");
+  if (m.kv_heads % sizes.tp != 0) return bad("--kv-heads must be a multiple of --tp (TP splits whole KV groups)");
+  if (m.ffn % sizes.tp != 0) return bad("--ffn must be a multiple of --tp");
+  if (m.layers < sizes.pp) return bad("--layers must be >= --pp (every stage needs a layer)");
+  if (m.dtype != DType::kBF16 && m.dtype != DType::kF32) return bad("--dtype must be bf16 or f32");
+  if (loader_workers < 1) return bad("--loader-workers must be >= 1");
+  if (context_len < 1) return bad("--seq-len must be >= 1");
+  return Status::Ok();
+}
+
+std::string TrainConfig::layout_tag() const {
+  return "tp" + std::to_string(sizes.tp) + ".pp" + std::to_string(sizes.pp) + ".dp" + std::to_string(sizes.dp) +
+         (zero ? ".zero" : "");
+}
+
+int64_t padded_vocab(int vocab, int tp) { return (static_cast<int64_t>(vocab) + tp - 1) / tp * tp; }
+
+std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, int pp) {
+  const int64_t H = m.hidden, F = m.ffn, V = padded_vocab(m.vocab, tp);
+  const int64_t d = m.hidden / m.heads;
+  // QKV rows are grouped by KV head: [q of the group's heads, k, v] per group, so a split of
+  // dim 0 into tp parts (kv_heads % tp == 0) gives each rank whole groups.
+  const int64_t qkv = static_cast<int64_t>(m.heads + 2 * m.kv_heads) * d;
+  std::vector<TensorDesc> out;
+  std::vector<int> emb_stages{0};
+  if (m.tie_embeddings && pp > 1) emb_stages.push_back(pp - 1);
+  out.push_back({"embedding.word_embeddings.weight", {V, H}, 0, emb_stages, m.vocab});
+  // Layers split over stages like ShardSpec::split: the first (layers % pp) stages get one more.
+  const int base = m.layers / pp, extra = m.layers % pp;
+  int layer = 0;
+  for (int s = 0; s < pp; ++s) {
+    int n = base + (s < extra ? 1 : 0);
+    for (int k = 0; k < n; ++k, ++layer) {
+      std::string p = "decoder.layers." + std::to_string(layer) + ".";
+      auto add = [&](const std::string& name, Shape shape, int split) {
+        out.push_back({p + name, std::move(shape), split, {s}, -1});
+      };
+      add("input_layernorm.weight", {H}, -1);
+      add("input_layernorm.bias", {H}, -1);
+      add("self_attention.linear_qkv.weight", {qkv, H}, 0);  // column-parallel
+      add("self_attention.linear_qkv.bias", {qkv}, 0);
+      add("self_attention.linear_proj.weight", {H, m.heads * d}, 1);  // row-parallel
+      add("self_attention.linear_proj.bias", {H}, -1);
+      add("pre_mlp_layernorm.weight", {H}, -1);
+      add("pre_mlp_layernorm.bias", {H}, -1);
+      add("mlp.linear_fc1.weight", {F, H}, 0);  // column-parallel
+      add("mlp.linear_fc1.bias", {F}, 0);
+      add("mlp.linear_fc2.weight", {H, F}, 1);  // row-parallel
+      add("mlp.linear_fc2.bias", {H}, -1);
+    }
+  }
+  out.push_back({"decoder.final_layernorm.weight", {H}, -1, {pp - 1}, -1});
+  out.push_back({"decoder.final_layernorm.bias", {H}, -1, {pp - 1}, -1});
+  if (!m.tie_embeddings) out.push_back({"output_layer.weight", {V, H}, 0, {pp - 1}, m.vocab});
+  return out;
+}
+
+// ---- the rank's state ----------------------------------------------------------------------
+
+int64_t Workload::Local::global_index(int64_t j) const {
+  const Box& b = tp_shard.box;
+  if (b.shape.size() == 1) return b.offset[0] + j;
+  const int64_t cols = desc->shape[1];
+  return (b.offset[0] + j / b.shape[1]) * cols + b.offset[1] + j % b.shape[1];
+}
+
+Workload::Workload(const TrainConfig& cfg, const Topology& topo)
+    : cfg_(cfg), topo_(&topo), coords_(topo.coords()) {
+  descs_ = model_tensors(cfg.model, cfg.sizes.tp, cfg.sizes.pp);
+  const size_t es = dtype_size(cfg.model.dtype);
+  for (const auto& d : descs_) {
+    bool mine = false;
+    for (int s : d.stages) mine |= s == coords_.pp;
+    if (!mine) continue;
+    Local t;
+    t.desc = &d;
+    t.key = "model/" + d.fqn;
+    t.h = fnv1a32(t.key) % 251;
+    t.tp_shard = d.split_dim < 0 ? ShardSpec::whole(d.shape)
+                                 : ShardSpec::split(d.shape, d.split_dim, cfg.sizes.tp, coords_.tp);
+    t.numel = t.tp_shard.numel();
+    if (cfg.zero) {  // the distributed optimizer owns an even flat slice of the TP shard
+      t.opt_begin = t.numel * coords_.dp / cfg.sizes.dp;
+      t.opt_end = t.numel * (coords_.dp + 1) / cfg.sizes.dp;
+    } else {
+      t.opt_begin = 0;
+      t.opt_end = t.numel;
+    }
+    t.param.resize(static_cast<size_t>(t.numel) * es);
+    const int64_t n_opt = t.opt_end - t.opt_begin;
+    t.master.resize(static_cast<size_t>(n_opt));
+    t.exp_avg.assign(static_cast<size_t>(n_opt), 0.0f);
+    t.exp_avg_sq.assign(static_cast<size_t>(n_opt), 0.0f);
+    const int64_t cols = d.shape.size() == 2 ? d.shape[1] : 1;
+    for (int64_t j = 0; j < t.numel; ++j) {
+      int64_t i = t.global_index(j);
+      bool pad = d.valid_rows >= 0 && i / cols >= d.valid_rows;
+      float v = pad ? 0.0f : initial_value(i, t.h);
+      if (cfg.model.dtype == DType::kBF16)
+        reinterpret_cast<uint16_t*>(t.param.data())[j] = to_bf16(v);
+      else
+        reinterpret_cast<float*>(t.param.data())[j] = v;
+      if (j >= t.opt_begin && j < t.opt_end) t.master[static_cast<size_t>(j - t.opt_begin)] = v;
+    }
+    locals_.push_back(std::move(t));
+  }
+  loader_ = loader::RankLoader::fresh(
+      loader::LoaderConfig::default_config(cfg.seed, cfg.loader_workers, cfg.context_len), cfg.sizes.dp,
+      coords_.dp);
+  extras_.global_step = 0;
+  extras_.scheduler = loader::LrSchedulerState{1e-2, 1e-2, 0, 0, 0};
+  extras_.rng = loader::derive_rank_rng(cfg.seed, 0, coords_);
+}
+
+uint64_t Workload::local_state_bytes() const {
+  uint64_t b = 0;
+  for (const auto& t : locals_) b += t.param.size() + 12 * t.master.size();
+  return b;
+}
+
+void Workload::update(Local& t, float lr, float bc1, float bc2) {
+  const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  const bool bf16 = cfg_.model.dtype == DType::kBF16;
+  const int64_t cols = t.desc->shape.size() == 2 ? t.desc->shape[1] : 1;
+  auto* p16 = reinterpret_cast<uint16_t*>(t.param.data());
+  auto* p32 = reinterpret_cast<float*>(t.param.data());
+  for (int64_t j = t.opt_begin; j < t.opt_end; ++j) {
+    const int64_t i = t.global_index(j);
+    // Vocabulary padding rows get no gradient: they stay exactly zero, as do their m and v.
+    if (t.desc->valid_rows >= 0 && i / cols >= t.desc->valid_rows) continue;
+    const size_t o = static_cast<size_t>(j - t.opt_begin);
+    const float p = bf16 ? from_bf16(p16[j]) : p32[j];
+    const float g = p - target_value(i, t.h);
+    float& m = t.exp_avg[o];
+    float& v = t.exp_avg_sq[o];
+    m = b1 * m + (1.0f - b1) * g;
+    v = b2 * v + (1.0f - b2) * (g * g);
+    const float mhat = m / bc1;
+    const float vhat = v / bc2;
+    float& w = t.master[o];
+    w = w - lr * mhat / (std::sqrt(vhat) + eps);
+    if (bf16)
+      p16[j] = to_bf16(w);
+    else
+      p32[j] = w;
+  }
+}
+
+void Workload::allgather_params(Local& t) {
+  const int dp = cfg_.sizes.dp;
+  const int es = static_cast<int>(dtype_size(cfg_.model.dtype));
+  std::vector<int> counts(static_cast<size_t>(dp)), displs(static_cast<size_t>(dp));
+  for (int d = 0; d < dp; ++d) {
+    int64_t b = t.numel * d / dp, e = t.numel * (d + 1) / dp;
+    counts[static_cast<size_t>(d)] = static_cast<int>((e - b) * es);
+    displs[static_cast<size_t>(d)] = static_cast<int>(b * es);
+  }
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.param.data(), counts.data(), displs.data(), MPI_BYTE,
+                 topo_->dp_comm());
+}
+
+std::vector<loader::Piece> Workload::train_step() {
+  const int64_t step = extras_.global_step + 1;
+  const int workers = static_cast<int>(loader_.shards.size());
+  std::vector<loader::Piece> pieces = loader_.next_window(static_cast<int>((step - 1) % workers));
+  extras_.rng.next_u64();  // e.g. a dropout seed; the elementwise update does not use it
+  const float lr = extras_.scheduler.lr(step - 1);
+  extras_.scheduler.last_step = step;
+  opt_step_ += 1;
+  // Bias corrections computed once per step in double, rounded once: identical on every rank.
+  const float bc1 = static_cast<float>(1.0 - std::pow(0.9, static_cast<double>(opt_step_)));
+  const float bc2 = static_cast<float>(1.0 - std::pow(0.999, static_cast<double>(opt_step_)));
+  for (auto& t : locals_) {
+    update(t, lr, bc1, bc2);
+    if (cfg_.zero && cfg_.sizes.dp > 1) allgather_params(t);
+  }
+  extras_.global_step = step;
+  return pieces;
+}
+
+// ---- checkpoint items ----------------------------------------------------------------------
+
+void Workload::stage_save(StateDict& sd) {
+  for (auto& t : locals_) {
+    sd.add(t.key, cfg_.model.dtype, t.desc->shape, t.tp_shard, t.param.data());
+    if (t.opt_end == t.opt_begin) continue;  // a tiny tensor may leave a DP rank nothing
+    ShardSpec os = cfg_.zero ? ShardSpec::flat_range(t.tp_shard.box, t.opt_begin, t.opt_end) : t.tp_shard;
+    sd.add("optimizer/fp32_param/" + t.desc->fqn, DType::kF32, t.desc->shape, os, t.master.data());
+    sd.add("optimizer/exp_avg/" + t.desc->fqn, DType::kF32, t.desc->shape, os, t.exp_avg.data());
+    sd.add("optimizer/exp_avg_sq/" + t.desc->fqn, DType::kF32, t.desc->shape, os, t.exp_avg_sq.data());
+  }
+  sd.add_replicated("optimizer/step", DType::kI64, {1}, &opt_step_);
+  loader_ckpt_.stage_save(sd, loader_, coords_.dp);
+  extras_.stage_save(sd, coords_);
+}
+
+Status Workload::stage_load(StateDict& sd, const CheckpointInfo& info) {
+  stage_save(sd);  // the same items, now as load targets...
+  // ...except the loader and extras, whose saved items depend on the saving layout.
+  auto& items = sd.items();
+  std::erase_if(items, [](const StateItem& it) {
+    return it.key.rfind("loader/", 0) == 0 || it.key.rfind("extra/", 0) == 0;
+  });
+  // A vocabulary padded for another tp: keep the common rows (padding rows are zero anyway).
+  for (const auto& t : locals_) {
+    if (t.desc->valid_rows < 0) continue;
+    const std::string& f = t.desc->fqn;
+    for (auto& it : items)
+      if (it.key == t.key || it.key == "optimizer/fp32_param/" + f || it.key == "optimizer/exp_avg/" + f ||
+          it.key == "optimizer/exp_avg_sq/" + f)
+        it.allow_shape_mismatch = true;
+  }
+  H5CKPT_RETURN_IF_ERROR(loader_ckpt_.stage_load(sd, info));
+  H5CKPT_RETURN_IF_ERROR(extras_.stage_load(sd, info, coords_));
+  return Status::Ok();
+}
+
+Status Workload::finish_load() {
+  H5CKPT_ASSIGN_OR_RETURN(loader_, loader_ckpt_.finish_load(cfg_.sizes.dp, coords_.dp, cfg_.loader_workers));
+  H5CKPT_ASSIGN_OR_RETURN(rng_restored_, extras_.finish_load(loader_.replicated.config.seed, coords_));
+  if (opt_step_ != extras_.global_step)
+    return Status(ErrorCode::kCorrupt, "optimizer/step " + std::to_string(opt_step_) + " != extra/global_step " +
+                                           std::to_string(extras_.global_step));
+  return Status::Ok();
+}
+
+}  // namespace h5ckpt::workload
