@@ -156,6 +156,31 @@ TEST_F(Errors, FlippedByteInMetadata) {
   }
 }
 
+TEST_F(Errors, FlippedByteInTensorDataCaughtByChecksums) {
+  // Damage one byte inside the first tensor's bytes: a plain load cannot tell, a verifying
+  // load must name the tensor.
+  auto info = read_checkpoint_info(good());
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  const TensorInfo& victim = info->tensors.front();
+  auto dir = damaged_copy("bitrot", [&](const std::string& d) {
+    std::fstream io(fs::path(d) / "data.h5", std::ios::in | std::ios::out | std::ios::binary);
+    const std::streamoff pos = victim.file_offset + static_cast<std::streamoff>(victim.nbytes / 2);
+    io.seekg(pos);
+    char c = 0;
+    io.get(c);
+    io.seekp(pos);
+    io.put(static_cast<char>(c ^ 0x10));
+  });
+  LoadOptions verify;
+  verify.verify_checksums = true;
+  Status st = load_model(dir, verify);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), ErrorCode::kCorrupt) << st.to_string();
+  EXPECT_NE(st.message().find(victim.key), std::string::npos) << st.to_string();
+  expect_same_on_all_ranks(st);
+  EXPECT_TRUE(load_model(good(), verify).ok());
+}
+
 TEST_F(Errors, UncommittedCheckpointRefused) {
   // A crash before the commit leaves data without metadata.
   auto dir = damaged_copy("crashed", [](const std::string& d) { fs::remove(fs::path(d) / "metadata.json"); });

@@ -75,3 +75,41 @@ TEST(Reshard, ReplicasWrittenOnceAndBalanced) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (topo.rank() == 0) std::filesystem::remove_all(root);
 }
+
+TEST(Reshard, CallerCommunicatorsInAnotherRankOrder) {
+  // The caller builds its own grid with PP fastest, then TP, then DP; h5ckpt must take its
+  // coordinates from those communicators, and a Megatron-order load must see the same data.
+  const int n = world_size();
+  const int pp = n % 2 == 0 ? 2 : 1, tp = (n / pp) % 2 == 0 ? 2 : 1, dp = n / (pp * tp);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int c_pp = rank % pp, c_tp = (rank / pp) % tp, c_dp = rank / (pp * tp);
+  MPI_Comm tpc, dpc, ppc;
+  MPI_Comm_split(MPI_COMM_WORLD, c_dp * pp + c_pp, c_tp, &tpc);
+  MPI_Comm_split(MPI_COMM_WORLD, c_tp * pp + c_pp, c_dp, &dpc);
+  MPI_Comm_split(MPI_COMM_WORLD, c_dp * tp + c_tp, c_pp, &ppc);
+  const std::string root = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "comms");
+  {
+    auto topo = Topology::from_comms(MPI_COMM_WORLD, tpc, dpc, ppc);
+    ASSERT_TRUE(topo.ok()) << topo.status().to_string();
+    EXPECT_EQ(topo->coords(), (RankCoords{c_tp, c_dp, c_pp}));
+    Layout L{tp, dp, pp, true};
+    h5ckpt::testing::TestModel model(L, topo->coords(), true);
+    Checkpointer ck(*topo);
+    auto saved = ck.save(model.state(), root + "/ckpt");
+    ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  }
+  MPI_Comm_free(&tpc);
+  MPI_Comm_free(&dpc);
+  MPI_Comm_free(&ppc);
+  Layout M{1, n, 1, false};
+  Topology topo = make_topology(M);
+  h5ckpt::testing::TestModel model(M, topo.coords(), false);
+  Checkpointer ck(topo);
+  auto loaded = ck.load(model.state(), root + "/ckpt");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  std::string first;
+  EXPECT_EQ(model.count_mismatches(&first), 0) << first;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(root);
+}

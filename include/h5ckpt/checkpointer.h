@@ -31,6 +31,9 @@ struct LoadOptions {
   bool strict = true;
   /// Allow float-to-float conversion (round to nearest even) when the saved dtype differs.
   bool convert_dtype = true;
+  /// Also re-read every saved region once (split over the ranks) and check its xxh3 checksum;
+  /// costs one more read of the checkpoint.
+  bool verify_checksums = false;
 };
 
 /// Per-call figures, the same on the rank that reports them as in the metrics file.
@@ -85,6 +88,10 @@ struct CheckpointInfo {
 /// Reads and validates a checkpoint's metadata (following `latest` when `path` is a directory
 /// of checkpoints). Refuses uncommitted and malformed checkpoints with a clear error.
 Result<CheckpointInfo> read_checkpoint_info(const std::string& path);
+
+/// Re-reads the saved regions with index % nparts == part and checks their checksums; the
+/// error names the tensor and region. Needs no MPI (callers split the work over ranks).
+Status verify_checkpoint(const CheckpointInfo& info, int part = 0, int nparts = 1);
 
 /// Saves and loads StateDicts over one Topology.
 class Checkpointer {

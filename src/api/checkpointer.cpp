@@ -7,6 +7,7 @@
 #include "storage/commit.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
+#include "util/checked_math.h"
 
 namespace h5ckpt {
 
@@ -56,6 +57,27 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& path) {
   info.path = dir;
   info.data_file = fs::absolute(data).string();
   return info;
+}
+
+Status verify_checkpoint(const CheckpointInfo& info, int part, int nparts) {
+  H5CKPT_ASSIGN_OR_RETURN(auto reader, storage::RegionReader::open(info.data_file));
+  std::vector<char> buf;
+  int64_t index = 0;
+  for (const auto& t : info.tensors) {
+    for (size_t r = 0; r < t.regions.size(); ++r, ++index) {
+      const SavedRegion& reg = t.regions[r];
+      if (index % nparts != part || reg.checksum == 0) continue;
+      buf.resize(static_cast<size_t>(reg.shard.numel()) * dtype_size(t.dtype));
+      const planner::Frame frame = planner::frame_of(reg.shard);
+      for (const Box& b : planner::shard_boxes(reg.shard))
+        H5CKPT_RETURN_IF_ERROR(reader.read(t, b, frame, t.dtype, buf.data()));
+      if (storage::checksum_bytes(buf.data(), buf.size()) != reg.checksum)
+        return Status(ErrorCode::kCorrupt, "checksum mismatch in tensor '" + t.key + "' region " + std::to_string(r) +
+                                               " (" + to_string_spec(reg.shard) + ", written by rank " +
+                                               std::to_string(reg.writer_rank) + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 const char* version() { return H5CKPT_VERSION; }

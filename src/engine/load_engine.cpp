@@ -111,6 +111,12 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   const double t_plan = now_s();
   report.plan_s = t_plan - t0;
 
+  if (options.verify_checksums) {
+    info.data_file = (fs::path(report.path) / storage::kDataFileName).string();
+    local = verify_checkpoint(info, topo.world.rank(), topo.world.size());
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context("load '" + report.path + "'"));
+  }
+
   // Phase 3: each rank reads what it wants; errors name the key.
   for (auto& item : state.items()) {
     local = load_item(info, *reader, item, options, report.missing_keys);
