@@ -1,5 +1,5 @@
 add_library(h5ckpt_test_support STATIC support/test_model.cpp)
-target_link_libraries(h5ckpt_test_support PUBLIC h5ckpt MPI::MPI_CXX)
+target_link_libraries(h5ckpt_test_support PUBLIC h5ckpt MPI::MPI_CXX hdf5::hdf5)
 target_include_directories(h5ckpt_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 
 h5ckpt_mpi_test_binary(test_reshard test_reshard.cpp)
@@ -15,3 +15,7 @@ h5ckpt_add_mpi_test(test_errors LABELS core RANKS 1 2 4 TIMEOUT 300)
 h5ckpt_mpi_test_binary(test_dtypes test_dtypes.cpp)
 target_link_libraries(test_dtypes PRIVATE h5ckpt_test_support hdf5::hdf5)
 h5ckpt_add_mpi_test(test_dtypes LABELS core RANKS 1 2 4 8 TIMEOUT 300)
+
+h5ckpt_mpi_test_binary(test_async test_async.cpp)
+target_link_libraries(test_async PRIVATE h5ckpt_test_support)
+h5ckpt_add_mpi_test(test_async LABELS async RANKS 1 2 4 8 TIMEOUT 300)

@@ -36,13 +36,27 @@ struct LoadOptions {
   bool verify_checksums = false;
 };
 
-/// Per-call figures, the same on the rank that reports them as in the metrics file.
+/// Settings of a Checkpointer that outlive one call.
+struct CheckpointerOptions {
+  /// Bound of the host staging pool used by save_async, allocated once and reused. 0: sized to
+  /// the largest save so far (every async save snapshots fully). When a save's bytes exceed the
+  /// bound, save_async blocks until the writer has drained enough (see SaveReport::blocked_bytes).
+  uint64_t staging_bytes = 0;
+  /// Largest single HDF5 write; regions are split into pieces of at most this many bytes.
+  uint64_t max_piece_bytes = 256ull << 20;
+};
+
+/// Per-call figures of this rank.
 struct SaveReport {
   std::string path;            ///< committed checkpoint directory
   uint64_t bytes_written = 0;  ///< bytes this rank wrote (after de-duplication)
   uint64_t bytes_total = 0;    ///< unique bytes in the checkpoint (all ranks)
-  double plan_s = 0, write_s = 0, commit_s = 0, total_s = 0;
+  uint64_t blocked_bytes = 0;  ///< async only: bytes snapshotted only after waiting for the writer
+  double plan_s = 0;      ///< planning (0 when the cached plan was reused, but for one allreduce)
+  double snapshot_s = 0;  ///< async only: copying into the staging pool (the blocking part)
+  double write_s = 0, commit_s = 0, total_s = 0;
   bool plan_cached = false;
+  bool async = false;
 };
 
 struct LoadReport {
@@ -93,10 +107,31 @@ Result<CheckpointInfo> read_checkpoint_info(const std::string& path);
 /// error names the tensor and region. Needs no MPI (callers split the work over ranks).
 Status verify_checkpoint(const CheckpointInfo& info, int part = 0, int nparts = 1);
 
+/// An asynchronous save in flight. Copyable; all copies refer to the same save.
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  bool valid() const { return state_ != nullptr; }
+  /// True once the save has committed or failed (never blocks).
+  bool test() const;
+  /// Blocks until the save has committed or failed; every rank gets the same outcome.
+  Result<SaveReport> wait();
+
+  struct State;
+  explicit SaveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
 /// Saves and loads StateDicts over one Topology.
+///
+/// At most one save is in flight per Checkpointer: a save, save_async or load first waits for
+/// the previous asynchronous save to commit. Destroying the Checkpointer waits too, so destroy it
+/// before MPI_Finalize.
 class Checkpointer {
  public:
-  explicit Checkpointer(const Topology& topology);
+  explicit Checkpointer(const Topology& topology, const CheckpointerOptions& options = {});
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -105,6 +140,18 @@ class Checkpointer {
   /// Collective over the topology's world; every rank returns the same Status.
   Result<SaveReport> save(const StateDict& state, const std::string& path,
                           const SaveOptions& options = {});
+
+  /// Like save(), but returns once this rank's part of `state` has been copied into the staging
+  /// pool; the caller may then modify its buffers. Writing, checksumming and the commit run on a
+  /// background I/O thread with its own communicators. If the previous asynchronous save failed
+  /// and nobody called wait() on it, its error is returned here and nothing new is started.
+  /// Falls back to a synchronous save (with a warning) when MPI was not initialized with
+  /// MPI_THREAD_MULTIPLE. Collective over the topology's world.
+  Result<SaveHandle> save_async(const StateDict& state, const std::string& path,
+                                const SaveOptions& options = {});
+
+  /// Waits for the asynchronous save in flight, if any (its outcome stays on its handle).
+  void wait_pending();
 
   /// Fills the buffers of `state` from the checkpoint at `path` (a checkpoint directory, or a
   /// directory whose `latest` names one), whatever layout saved it.

@@ -1,5 +1,6 @@
 #include "support/test_model.h"
 
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -126,6 +127,50 @@ int64_t TestModel::count_mismatches(std::string* first) const {
     }
   }
   return bad;
+}
+
+void TestModel::scribble() {
+  for (auto& b : buffers_) std::memset(b.data(), 0x5A, b.size());
+}
+
+std::vector<unsigned char> read_dataset_bytes(const std::string& file, const std::string& dataset) {
+  std::vector<unsigned char> out;
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) return out;
+  hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+  if (d >= 0) {
+    hid_t t = H5Dget_type(d);
+    out.resize(H5Dget_storage_size(d));
+    if (!out.empty()) H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+    H5Tclose(t);
+    H5Dclose(d);
+  }
+  H5Fclose(f);
+  return out;
+}
+
+bool same_datasets(const std::string& a, const std::string& b, std::string* why) {
+  auto ia = read_checkpoint_info(a), ib = read_checkpoint_info(b);
+  if (!ia.ok() || !ib.ok()) {
+    *why = "cannot read metadata: " + (ia.ok() ? ib.status() : ia.status()).to_string();
+    return false;
+  }
+  if (ia->tensors.size() != ib->tensors.size()) {
+    *why = "different tensor counts";
+    return false;
+  }
+  for (size_t i = 0; i < ia->tensors.size(); ++i) {
+    const auto& k = ia->tensors[i].key;
+    if (k != ib->tensors[i].key) {
+      *why = "key " + k + " vs " + ib->tensors[i].key;
+      return false;
+    }
+    if (read_dataset_bytes(ia->data_file, "/" + k) != read_dataset_bytes(ib->data_file, "/" + k)) {
+      *why = "dataset /" + k + " differs";
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string shared_temp_dir(MPI_Comm comm, const std::string& tag) {

@@ -32,6 +32,8 @@ class TestModel {
  public:
   TestModel(const Layout& layout, RankCoords coords, bool fill);
   StateDict& state() { return state_; }
+  /// Overwrites every buffer with garbage (what a trainer does right after save_async).
+  void scribble();
   /// Number of elements that differ from expected_value (0 = all good); describes the first.
   int64_t count_mismatches(std::string* first) const;
 
@@ -40,6 +42,12 @@ class TestModel {
   StateDict state_;
   std::vector<std::vector<unsigned char>> buffers_;
 };
+
+/// Every dataset's raw bytes, read through the HDF5 library (independent of h5ckpt's reader).
+std::vector<unsigned char> read_dataset_bytes(const std::string& file, const std::string& dataset);
+
+/// True when two checkpoints hold the same keys and byte-identical datasets (rank-local).
+bool same_datasets(const std::string& a, const std::string& b, std::string* why);
 
 /// A fresh directory shared by all ranks of `comm` (created by rank 0).
 std::string shared_temp_dir(MPI_Comm comm, const std::string& tag);

@@ -2,31 +2,67 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 
+#include "engine/async_saver.h"
 #include "engine/engine.h"
+#include "metrics/log.h"
 #include "storage/commit.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
+#include "planner/box_math.h"
 #include "util/checked_math.h"
 
 namespace h5ckpt {
 
 struct Checkpointer::Impl {
+  Impl(const Topology& t, const CheckpointerOptions& o) : topology(&t), options(o), async(t.impl(), o) {}
   const Topology* topology;
+  CheckpointerOptions options;
   engine::PlanCache plan_cache;
   std::map<std::string, std::string> attributes;
+  engine::AsyncSaver async;
 };
 
-Checkpointer::Checkpointer(const Topology& topology) : impl_(std::make_unique<Impl>()) {
-  impl_->topology = &topology;
-}
+Checkpointer::Checkpointer(const Topology& topology, const CheckpointerOptions& options)
+    : impl_(std::make_unique<Impl>(topology, options)) {}
 Checkpointer::~Checkpointer() = default;
 
+void Checkpointer::wait_pending() {
+  // Keep the finished save's state reachable from its handle; only the thread is joined here.
+  if (auto st = impl_->async.finish_pending()) {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->done; });
+  }
+}
+
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
-  return engine::save(impl_->topology->impl(), state, path, options, impl_->attributes, impl_->plan_cache);
+  wait_pending();
+  return engine::save(impl_->topology->impl(), state, path, options, impl_->attributes, impl_->plan_cache,
+                      impl_->options.max_piece_bytes);
+}
+
+Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::string& path,
+                                            const SaveOptions& options) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) {
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      metrics::log().warn("MPI was not initialized with MPI_THREAD_MULTIPLE: save_async runs synchronously");
+    });
+    auto r = save(state, path, options);
+    auto done = std::make_shared<SaveHandle::State>();
+    done->done = true;
+    done->observed = true;
+    done->result = std::move(r);
+    return SaveHandle(done);
+  }
+  return impl_->async.start(state, path, options, impl_->attributes, impl_->plan_cache);
 }
 
 Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
+  wait_pending();
   return engine::load(impl_->topology->impl(), state, path, options);
 }
 

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,20 +14,59 @@
 
 namespace h5ckpt::engine {
 
+using TensorPlans = std::shared_ptr<const std::vector<planner::TensorPlan>>;
+
 /// The global save plan of the last save, reused while no rank's state structure changed.
 struct PlanCache {
-  bool valid = false;
   uint64_t local_signature = 0;
-  std::vector<planner::TensorPlan> tensors;
+  TensorPlans tensors;  ///< null: nothing cached
 };
 
 /// Hash of this rank's state structure (keys, dtypes, shapes, shards; not the data).
 uint64_t structure_signature(const StateDict& state);
 
-/// Collective save over topo.world (see Checkpointer::save).
+/// Part of a region this rank writes: a flat sub-range of the region's box, contiguous in
+/// `data`. Pieces come in plan order (tensor, region, offset).
+struct Piece {
+  int tensor = -1;
+  int region = -1;
+  ShardSpec shard;
+  const char* data = nullptr;
+  uint64_t bytes = 0;
+  bool region_end = false;  ///< last piece of its region (its checksum is complete)
+};
+
+/// This rank's pieces, pointing into the caller's buffers, each at most max_bytes.
+std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& tensors, const StateDict& state,
+                             uint64_t max_bytes);
+
+/// Where the writer gets its pieces: from the caller's buffers (sync) or the staging pool (async).
+class PieceSource {
+ public:
+  virtual ~PieceSource() = default;
+  /// The next piece, or nullopt when there are no more. May block (async: snapshot in progress).
+  virtual std::optional<Piece> next() = 0;
+  /// Called once the piece's bytes are no longer needed.
+  virtual void done(const Piece&) {}
+};
+
+/// Phase 1, collective over topo.world: local checks, then the global plan (from `cache` when
+/// no rank's structure changed). Fills report.plan_s / plan_cached.
+Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& state, PlanCache& cache,
+                                 SaveReport& report);
+
+/// Phases 2-4, collective over comms.world: temporary directory, HDF5 file and datasets, the
+/// writes of every piece from `source`, metadata and the atomic commit. Always drains `source`,
+/// even after a failure. Every rank returns the same Status.
+Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
+                                    const std::string& path, const SaveOptions& options,
+                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
+                                    SaveReport report);
+
+/// Synchronous save: prepare_save, then write_and_commit straight from the caller's buffers.
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache);
+                        PlanCache& cache, uint64_t max_piece_bytes);
 
 /// Collective load over topo.world (see Checkpointer::load).
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,

@@ -77,31 +77,88 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
 
 }  // namespace
 
-Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
-                        const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache) {
+std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& tensors, const StateDict& state,
+                             uint64_t max_bytes) {
+  std::vector<Piece> out;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const uint64_t es = dtype_size(tensors[t].dtype);
+    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(max_bytes / es));
+    for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
+      const auto& reg = tensors[t].regions[r];
+      if (reg.writer != rank) continue;
+      const char* data = static_cast<const char*>(state.find(tensors[t].key)->data);
+      const int64_t n = reg.shard.numel();
+      if (n <= per) {  // the common case: the region in one piece, as planned
+        out.push_back(Piece{(int)t, (int)r, reg.shard, data, static_cast<uint64_t>(n) * es, true});
+        continue;
+      }
+      // Large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
+      const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
+      for (int64_t b = 0; b < n; b += per) {
+        const int64_t e = std::min(n, b + per);
+        out.push_back(Piece{(int)t, (int)r, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e), data + b * es,
+                            static_cast<uint64_t>(e - b) * es, e == n});
+      }
+    }
+  }
+  return out;
+}
+
+Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& state, PlanCache& cache,
+                                 SaveReport& report) {
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
-  const bool coordinator = topo.world.rank() == topo.coordinator;
-  SaveReport report;
-  report.path = fs::path(path).lexically_normal().string();
-  if (!report.path.empty() && report.path.back() == '/') report.path.pop_back();
-
-  // Phase 1: local checks, then plan (reused when no rank's structure changed).
-  H5CKPT_RETURN_IF_ERROR(comm::agree(check_local_items(state), world).with_context("save '" + path + "'"));
+  H5CKPT_RETURN_IF_ERROR(comm::agree(check_local_items(state), world));
   const uint64_t sig = structure_signature(state);
-  int same = cache.valid && cache.local_signature == sig ? 1 : 0, all_same = 0;
+  int same = cache.tensors && cache.local_signature == sig ? 1 : 0, all_same = 0;
   H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
   if (!all_same) {
-    cache.valid = false;
-    H5CKPT_ASSIGN_OR_RETURN(cache.tensors, plan_globally(topo, state));
+    cache.tensors.reset();
+    H5CKPT_ASSIGN_OR_RETURN(auto tensors, plan_globally(topo, state));
+    cache.tensors = std::make_shared<const std::vector<planner::TensorPlan>>(std::move(tensors));
     cache.local_signature = sig;
-    cache.valid = true;
   }
   report.plan_cached = all_same != 0;
-  const auto& tensors = cache.tensors;
-  const double t_plan = now_s();
-  report.plan_s = t_plan - t0;
+  report.plan_s = now_s() - t0;
+  return cache.tensors;
+}
+
+namespace {
+
+// Pieces straight from the caller's buffers.
+class DirectSource : public PieceSource {
+ public:
+  explicit DirectSource(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
+  std::optional<Piece> next() override {
+    if (i_ == pieces_.size()) return std::nullopt;
+    return pieces_[i_++];
+  }
+
+ private:
+  std::vector<Piece> pieces_;
+  size_t i_ = 0;
+};
+
+void drain(PieceSource& source) {
+  while (auto p = source.next()) source.done(*p);
+}
+
+}  // namespace
+
+Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
+                                    const std::string& path, const SaveOptions& options,
+                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
+                                    SaveReport report) {
+  const double t0 = now_s();
+  const MPI_Comm world = comms.world.get();
+  const bool coordinator = comms.world.rank() == comms.coordinator;
+  report.path = fs::path(path).lexically_normal().string();
+  if (report.path.size() > 1 && report.path.back() == '/') report.path.pop_back();
+  auto fail = [&](const Status& s, const std::string& temp) -> Status {
+    drain(source);
+    if (coordinator && !temp.empty()) (void)storage::remove_tree(temp);
+    return s.with_context("save '" + path + "'");
+  };
 
   // Phase 2: the coordinator makes a fresh temporary directory; everyone learns its name.
   std::string temp;
@@ -116,70 +173,64 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
     else
       st = storage::make_dir(temp);
   }
-  H5CKPT_RETURN_IF_ERROR(comm::agree(st, world).with_context("save '" + path + "'"));
-  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(temp, topo.coordinator, world));
-  auto cleanup_on_error = [&](const Status& s) {
-    if (!s.ok() && coordinator) (void)storage::remove_tree(temp);
-    return s;
-  };
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a, "");
+  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(temp, comms.coordinator, world));
 
-  // Phase 3: collective HDF5 writes of the assigned regions, checksums on the way.
-  const int me = topo.world.rank();
-  std::vector<std::pair<int, int>> mine;  // (tensor, region) this rank wrote
-  std::vector<uint64_t> sums;
+  // Phase 3: datasets created collectively; each rank then writes its pieces independently
+  // (no per-tensor collective), checksumming each region as its pieces stream by.
+  std::vector<std::tuple<int, int, uint64_t>> sums;  // (tensor, region, xxh3)
   std::vector<int64_t> offsets;
   {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
     auto writer = storage::ParallelWriter::create((fs::path(temp) / storage::kDataFileName).string(), world, tensors);
-    Status created = comm::agree(writer.status(), world);
-    if (!created.ok()) return cleanup_on_error(created.with_context("save '" + path + "'"));
+    if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a, temp);
     Status local;
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const ShardSpec* shard = nullptr;
-      const void* data = nullptr;
-      for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
-        if (tensors[t].regions[r].writer != me) continue;
-        const StateItem* item = state.find(tensors[t].key);
-        shard = &tensors[t].regions[r].shard;
-        data = item->data;
-        mine.emplace_back(static_cast<int>(t), static_cast<int>(r));
-        const uint64_t bytes = static_cast<uint64_t>(shard->numel()) * dtype_size(tensors[t].dtype);
-        sums.push_back(options.checksums ? storage::checksum_bytes(data, bytes) : 0);
-        report.bytes_written += bytes;
+    XXH3_state_t* hs = XXH3_createState();
+    bool region_open = false;
+    while (auto piece = source.next()) {
+      if (local.ok()) {
+        if (options.checksums) {
+          if (!region_open) XXH3_64bits_reset(hs);
+          XXH3_64bits_update(hs, piece->data, piece->bytes);
+          region_open = !piece->region_end;
+        }
+        local = writer->write(piece->tensor, &piece->shard, piece->data)
+                    .with_context("key '" + tensors[piece->tensor].key + "'");
+        report.bytes_written += piece->bytes;
+        if (piece->region_end)
+          sums.emplace_back(piece->tensor, piece->region, options.checksums ? XXH3_64bits_digest(hs) : 0);
       }
-      // Keep joining the collective writes after a local failure, so no rank is left waiting.
-      Status w = writer->write(t, local.ok() ? shard : nullptr, data);
-      if (local.ok() && !w.ok()) local = w.with_context("key '" + tensors[t].key + "'");
+      source.done(*piece);
     }
+    XXH3_freeState(hs);
     Status closed = writer->close();
     if (local.ok()) local = closed;
     offsets = writer->offsets();
-    Status written = comm::agree(local, world);
-    if (!written.ok()) return cleanup_on_error(written.with_context("save '" + path + "'"));
+    if (Status a = comm::agree(local, world); !a.ok()) return fail(a, temp);
   }
   const double t_write = now_s();
-  report.write_s = t_write - t_plan;
-  for (const auto& t : tensors) report.bytes_total += [&] {
+  report.write_s = t_write - t0;
+  for (const auto& t : tensors) {
     uint64_t n = dtype_size(t.dtype);
     for (auto s : t.shape) n *= static_cast<uint64_t>(s);
-    return n;
-  }();
+    report.bytes_total += n;
+  }
 
   // Phase 4: checksums to the coordinator, which writes the metadata and commits.
   ByteWriter w;
-  for (size_t i = 0; i < mine.size(); ++i) {
-    w.put<int32_t>(mine[i].first);
-    w.put<int32_t>(mine[i].second);
-    w.put<uint64_t>(sums[i]);
+  for (const auto& [t, r, sum] : sums) {
+    w.put<int32_t>(t);
+    w.put<int32_t>(r);
+    w.put<uint64_t>(sum);
   }
-  auto gathered = comm::gather_bytes(w.str(), topo.coordinator, world);
+  auto gathered = comm::gather_bytes(w.str(), comms.coordinator, world);
   st = gathered.status();
   if (coordinator && st.ok()) {
     CheckpointInfo info;
     info.library_version = H5CKPT_VERSION;
     info.step = options.step;
-    info.saved_sizes = topo.sizes;
-    info.saved_coords = topo.all_coords;
+    info.saved_sizes = comms.sizes;
+    info.saved_coords = comms.all_coords;
     info.attributes = attributes;
     for (size_t t = 0; t < tensors.size(); ++t) {
       TensorInfo ti;
@@ -217,9 +268,20 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
     if (!st.ok()) (void)storage::remove_tree(temp);
   }
   H5CKPT_RETURN_IF_ERROR(comm::agree(st, world).with_context("committing '" + path + "'"));
-  const double t_end = now_s();
-  report.commit_s = t_end - t_write;
-  report.total_s = t_end - t0;
+  report.commit_s = now_s() - t_write;
+  return report;
+}
+
+Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
+                        const SaveOptions& options, const std::map<std::string, std::string>& attributes,
+                        PlanCache& cache, uint64_t max_piece_bytes) {
+  const double t0 = now_s();
+  SaveReport report;
+  auto plan = prepare_save(topo, state, cache, report);
+  if (!plan.ok()) return plan.status().with_context("save '" + path + "'");
+  DirectSource source(my_pieces(topo.world.rank(), **plan, state, max_piece_bytes));
+  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, **plan, path, options, attributes, source, report));
+  report.total_s = now_s() - t0;
   metrics::log().info("saved '{}': {} bytes written here, plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
                       report.path, report.bytes_written, report.plan_s, report.plan_cached ? " (cached)" : "",
                       report.write_s, report.commit_s);

@@ -23,9 +23,8 @@ class ParallelWriter {
   /// Byte offset of each dataset in the file (-1 for empty tensors); the same on all ranks.
   const std::vector<int64_t>& offsets() const { return offsets_; }
 
-  /// Writes this rank's part of tensor `index` (`shard` null: nothing, but still joins the
-  /// collective call). Collective over the communicator; every rank calls it for every tensor
-  /// in the same order.
+  /// Writes `shard` of tensor `index` from the contiguous buffer `data` (independent I/O: any
+  /// number of calls per rank, in any order; `shard` null writes nothing).
   Status write(size_t index, const ShardSpec* shard, const void* data);
 
   /// Flushes (MPI_File_sync) and closes. Collective.

@@ -1,0 +1,171 @@
+// save_async: returns after the snapshot, equals a synchronous save even when the caller
+// overwrites its buffers at once, respects a small staging bound, reuses the plan, and reports
+// failures on wait() and on the next save.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/test_model.h"
+
+using namespace h5ckpt;
+using h5ckpt::testing::Layout;
+namespace fs = std::filesystem;
+
+namespace {
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+Layout default_layout() {
+  const int n = world_size();
+  const int tp = n >= 2 ? 2 : 1, pp = n >= 4 ? 2 : 1;
+  return Layout{tp, n / (tp * pp), pp, true};
+}
+
+class Async : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "async");
+    ASSERT_FALSE(root_.empty());
+    L_ = default_layout();
+    auto t = Topology::create(MPI_COMM_WORLD, {L_.tp, L_.dp, L_.pp});
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    topo_.emplace(std::move(t).value());
+  }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const bool root = topo_->rank() == 0;
+    topo_.reset();
+    if (root) fs::remove_all(root_);
+  }
+  // Every rank compares the two checkpoints (cheap here) and all must agree they match.
+  void expect_same(const std::string& a, const std::string& b) {
+    std::string why;
+    int ok = h5ckpt::testing::same_datasets(a, b, &why) ? 1 : 0, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    EXPECT_TRUE(ok) << why;
+    EXPECT_EQ(all, 1);
+  }
+  std::string root_;
+  Layout L_;
+  std::optional<Topology> topo_;
+};
+
+TEST_F(Async, EqualsSyncSaveEvenWhenBuffersAreOverwrittenAtOnce) {
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  Checkpointer ck(*topo_);
+  auto h = ck.save_async(model.state(), root_ + "/async");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  model.scribble();  // the trainer's next step
+  auto r = h->wait();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->async);
+  EXPECT_EQ(r->blocked_bytes, 0u) << "an unbounded pool must never block";
+
+  h5ckpt::testing::TestModel fresh(L_, topo_->coords(), true);
+  ASSERT_TRUE(ck.save(fresh.state(), root_ + "/sync").ok());
+  expect_same(root_ + "/async", root_ + "/sync");
+
+  h5ckpt::testing::TestModel loaded(L_, topo_->coords(), false);
+  ASSERT_TRUE(ck.load(loaded.state(), root_ + "/async").ok());
+  std::string first;
+  EXPECT_EQ(loaded.count_mismatches(&first), 0) << first;
+}
+
+TEST_F(Async, SmallStagingPoolBlocksForWhatDoesNotFitAndStaysCorrect) {
+  CheckpointerOptions opts;
+  opts.staging_bytes = 1024;  // far below every rank's share
+  opts.max_piece_bytes = 256;
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  Checkpointer ck(*topo_, opts);
+  auto h = ck.save_async(model.state(), root_ + "/small");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  model.scribble();
+  auto r = h->wait();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  if (r->bytes_written > opts.staging_bytes) EXPECT_GT(r->blocked_bytes, 0u);
+  EXPECT_LE(r->blocked_bytes, r->bytes_written);
+  h5ckpt::testing::TestModel fresh(L_, topo_->coords(), true);
+  ASSERT_TRUE(ck.save(fresh.state(), root_ + "/ref").ok());
+  expect_same(root_ + "/small", root_ + "/ref");
+}
+
+TEST_F(Async, PlanIsCachedUntilTheStructureChanges) {
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  Checkpointer ck(*topo_);
+  auto a = ck.save(model.state(), root_ + "/a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->plan_cached);
+  auto b = ck.save_async(model.state(), root_ + "/b");
+  ASSERT_TRUE(b.ok());
+  auto rb = b->wait();
+  ASSERT_TRUE(rb.ok()) << rb.status().to_string();
+  EXPECT_TRUE(rb->plan_cached);
+  // One rank adding an item changes the structure: everyone re-plans.
+  float extra[2] = {1, 2};
+  if (topo_->rank() == 0) model.state().add_replicated("extra/only_rank0", DType::kF32, {2}, extra);
+  auto c = ck.save(model.state(), root_ + "/c");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->plan_cached);
+  auto info = read_checkpoint_info(root_ + "/c");
+  ASSERT_TRUE(info.ok());
+  EXPECT_NE(info->find("extra/only_rank0"), nullptr);
+}
+
+TEST_F(Async, FailureSurfacesOnWaitAndOnTheNextSave) {
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  Checkpointer ck(*topo_);
+  ASSERT_TRUE(ck.save(model.state(), root_ + "/good").ok());
+  const std::string file = root_ + "/plainfile";
+  if (topo_->rank() == 0) std::ofstream(file) << "x";
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  auto h = ck.save_async(model.state(), file + "/bad1");  // cannot create: parent is a file
+  ASSERT_TRUE(h.ok()) << "the failure belongs to the background part";
+  auto r = h->wait();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kIo) << r.status().to_string();
+
+  // Not waited on: the next save reports it and starts nothing.
+  auto h2 = ck.save_async(model.state(), file + "/bad2");
+  ASSERT_TRUE(h2.ok());
+  auto next = ck.save_async(model.state(), root_ + "/after");
+  ASSERT_FALSE(next.ok());
+  EXPECT_NE(next.status().message().find("previous asynchronous save failed"), std::string::npos)
+      << next.status().to_string();
+  EXPECT_FALSE(fs::exists(root_ + "/after"));
+  // The last good checkpoint is untouched and `latest` still names it.
+  h5ckpt::testing::TestModel loaded(L_, topo_->coords(), false);
+  auto l = ck.load(loaded.state(), root_);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  EXPECT_EQ(fs::path(l->path).filename(), "good");
+  std::string first;
+  EXPECT_EQ(loaded.count_mismatches(&first), 0) << first;
+  // And saving works again.
+  auto again = ck.save_async(model.state(), root_ + "/after");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_TRUE(again->wait().ok());
+}
+
+TEST_F(Async, BackToBackSavesCommitInOrder) {
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  Checkpointer ck(*topo_);
+  std::vector<SaveHandle> handles;
+  for (int step = 1; step <= 4; ++step) {
+    SaveOptions o;
+    o.step = step;
+    auto h = ck.save_async(model.state(), root_ + "/step-" + std::to_string(step), o);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  for (auto& h : handles) EXPECT_TRUE(h.wait().ok());
+  auto info = read_checkpoint_info(root_);
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->step, 4);
+}
+
+}  // namespace

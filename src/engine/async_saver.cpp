@@ -1,0 +1,163 @@
+#include "engine/async_saver.h"
+
+#include <cstring>
+
+#include "metrics/log.h"
+
+namespace h5ckpt::engine {
+
+using metrics::now_s;
+
+namespace {
+
+// Pieces handed over from the snapshot (producer) to the writer (consumer).
+class StagedSource : public PieceSource {
+ public:
+  explicit StagedSource(StagingPool& pool) : pool_(pool) {}
+  void push(const Piece& p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(p);
+    }
+    cv_.notify_one();
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_one();
+  }
+  std::optional<Piece> next() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !queue_.empty() || closed_; });
+    if (queue_.empty()) return std::nullopt;
+    Piece p = queue_.front();
+    queue_.pop_front();
+    return p;
+  }
+  void done(const Piece& p) override {
+    if (p.bytes) pool_.release();
+  }
+
+ private:
+  StagingPool& pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Piece> queue_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+AsyncSaver::AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options)
+    : topo_(topo), options_(options) {}
+
+AsyncSaver::~AsyncSaver() { finish_pending(); }
+
+Status AsyncSaver::ensure_io_comms() {
+  if (io_comms_) return Status::Ok();
+  auto c = std::make_unique<Topology::Impl>();
+  H5CKPT_ASSIGN_OR_RETURN(c->world, comm::Comm::duplicate(topo_.world.get()));
+  H5CKPT_ASSIGN_OR_RETURN(c->tp, comm::Comm::duplicate(topo_.tp.get()));
+  H5CKPT_ASSIGN_OR_RETURN(c->dp, comm::Comm::duplicate(topo_.dp.get()));
+  H5CKPT_ASSIGN_OR_RETURN(c->pp, comm::Comm::duplicate(topo_.pp.get()));
+  c->sizes = topo_.sizes;
+  c->coords = topo_.coords;
+  c->all_coords = topo_.all_coords;
+  c->coordinator = topo_.coordinator;
+  io_comms_ = std::move(c);
+  return Status::Ok();
+}
+
+std::shared_ptr<SaveHandle::State> AsyncSaver::finish_pending() {
+  if (worker_.joinable()) worker_.join();
+  return std::exchange(pending_, nullptr);
+}
+
+Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& path, const SaveOptions& options,
+                                     const std::map<std::string, std::string>& attributes, PlanCache& cache) {
+  const double t0 = now_s();
+  // At most one save in flight: the previous one must commit before this one snapshots into
+  // the same pool. Its failure, if nobody saw it, is this call's answer.
+  if (auto prev = finish_pending()) {
+    std::lock_guard<std::mutex> lock(prev->mu);
+    if (!prev->result.ok() && !prev->observed) {
+      prev->observed = true;
+      return prev->result.status().with_context("previous asynchronous save failed");
+    }
+  }
+  SaveReport report;
+  report.async = true;
+  H5CKPT_ASSIGN_OR_RETURN(TensorPlans plan, prepare_save(topo_, state, cache, report));
+  // Comm duplication is collective: every rank reaches here together.
+  H5CKPT_RETURN_IF_ERROR(comm::agree(ensure_io_comms(), topo_.world.get()));
+
+  uint64_t mine = 0;
+  for (const auto& p : my_pieces(topo_.world.rank(), *plan, state, UINT64_MAX)) mine += p.bytes;
+  pool_.reserve(options_.staging_bytes ? options_.staging_bytes : mine);
+  const uint64_t piece_max = std::max<uint64_t>(1, std::min<uint64_t>(options_.max_piece_bytes, pool_.capacity()));
+  std::vector<Piece> pieces = my_pieces(topo_.world.rank(), *plan, state, piece_max);
+
+  auto st = std::make_shared<SaveHandle::State>();
+  auto source = std::make_shared<StagedSource>(pool_);
+  const Topology::Impl& io = *io_comms_;
+  worker_ = std::thread([st, source, plan, path, options, attributes, report, &io] {
+    auto result = write_and_commit(io, *plan, path, options, attributes, *source, report);
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->result = std::move(result);
+    st->done = true;
+    st->cv.notify_all();
+  });
+  pending_ = st;
+
+  // The blocking part: copy this rank's pieces into the pool (waiting only if it is full).
+  const double t_snap = now_s();
+  uint64_t blocked = 0;
+  for (Piece p : pieces) {
+    if (p.bytes) {
+      bool waited = false;
+      char* dst = pool_.acquire(p.bytes, &waited);
+      std::memcpy(dst, p.data, p.bytes);
+      if (waited) blocked += p.bytes;
+      p.data = dst;
+    }
+    source->push(p);
+  }
+  source->close();
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->snapshot_s = now_s() - t_snap;
+    st->blocked_bytes = blocked;
+  }
+  if (blocked)
+    metrics::log().warn("staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
+                        "waiting for the writer", pool_.capacity(), blocked);
+  metrics::log().info("save_async '{}': snapshot {:.3f}s after {:.3f}s of planning", path, now_s() - t_snap, t_snap - t0);
+  return SaveHandle(st);
+}
+
+}  // namespace h5ckpt::engine
+
+namespace h5ckpt {
+
+bool SaveHandle::test() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+Result<SaveReport> SaveHandle::wait() {
+  if (!state_) return Status(ErrorCode::kInvalidArgument, "wait() on an empty SaveHandle");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  state_->observed = true;
+  if (!state_->result.ok()) return state_->result;
+  SaveReport r = state_->result.value();
+  r.snapshot_s = state_->snapshot_s;
+  r.blocked_bytes = state_->blocked_bytes;
+  r.total_s = r.plan_s + r.snapshot_s + r.write_s + r.commit_s;
+  return r;
+}
+
+}  // namespace h5ckpt

@@ -1,0 +1,51 @@
+// Asynchronous saves: snapshot into the staging pool on the caller's thread, everything else
+// (HDF5 writes, checksums, metadata, commit) on a background thread with its own communicators.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/staging_pool.h"
+
+namespace h5ckpt {
+
+struct SaveHandle::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool observed = false;  ///< someone called wait(); an unobserved failure surfaces on the next save
+  Result<SaveReport> result = Status(ErrorCode::kInternal, "save still running");
+  double snapshot_s = 0;
+  uint64_t blocked_bytes = 0;
+};
+
+namespace engine {
+
+class AsyncSaver {
+ public:
+  AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options);
+  ~AsyncSaver();
+
+  /// See Checkpointer::save_async. Collective over topo.world.
+  Result<SaveHandle> start(const StateDict& state, const std::string& path, const SaveOptions& options,
+                           const std::map<std::string, std::string>& attributes, PlanCache& cache);
+
+  /// Waits for the save in flight (if any); returns its state, or null.
+  std::shared_ptr<SaveHandle::State> finish_pending();
+
+ private:
+  Status ensure_io_comms();
+  const Topology::Impl& topo_;
+  CheckpointerOptions options_;
+  std::unique_ptr<Topology::Impl> io_comms_;  // duplicates used only by the I/O thread
+  StagingPool pool_;
+  std::thread worker_;
+  std::shared_ptr<SaveHandle::State> pending_;
+};
+
+}  // namespace engine
+}  // namespace h5ckpt

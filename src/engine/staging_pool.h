@@ -1,0 +1,43 @@
+// A bounded host staging area reused across saves: a FIFO ring the snapshot fills and the
+// background writer drains, so a save can snapshot while earlier pieces are still being written.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+
+namespace h5ckpt::engine {
+
+class StagingPool {
+ public:
+  StagingPool() = default;
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  ~StagingPool();
+
+  /// Allocates `bytes` of page-touched memory if the pool is smaller; call only while idle.
+  void reserve(size_t bytes);
+  size_t capacity() const { return capacity_; }
+
+  /// Reserves `n` contiguous bytes (0 < n <= capacity), waiting until the consumer released
+  /// enough. Sets *waited when it had to wait.
+  char* acquire(size_t n, bool* waited);
+  /// Releases the oldest acquired block (blocks are released in acquire order).
+  void release();
+
+ private:
+  struct Block {
+    size_t offset, size;
+  };
+  bool fits(size_t n, size_t* offset) const;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  char* base_ = nullptr;
+  size_t capacity_ = 0;
+  size_t head_ = 0;  // next free byte
+  std::deque<Block> blocks_;
+};
+
+}  // namespace h5ckpt::engine
