@@ -22,7 +22,7 @@ int world_size() {
 
 Layout default_layout() {
   const int n = world_size();
-  const int tp = n >= 2 ? 2 : 1, pp = n >= 4 ? 2 : 1;
+  const int tp = n % 2 == 0 ? 2 : 1, pp = n % 4 == 0 ? 2 : 1;
   return Layout{tp, n / (tp * pp), pp, true};
 }
 

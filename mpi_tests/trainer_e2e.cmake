@@ -36,4 +36,21 @@ if(TARGET h5ckpt-train)
       PROCESSORS ${_np} TIMEOUT 300 LABELS "mpi;e2e;trainer"
       ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${_h5diff};OMPI_MCA_rmaps_base_oversubscribe=1")
   endforeach()
+
+  # The trained numbers against the issue's formulas, recomputed independently in Python.
+  find_program(H5CKPT_H5DUMP h5dump)
+  find_package(Python3 COMPONENTS Interpreter)
+  if(H5CKPT_H5DUMP AND Python3_Interpreter_FOUND)
+    add_test(NAME trainer_formulas
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/check_trainer_formulas.py
+              $<TARGET_FILE:h5ckpt-train> ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/e2e/formulas)
+    set_tests_properties(trainer_formulas PROPERTIES
+      PROCESSORS 8 TIMEOUT 300 LABELS "mpi;e2e;trainer"
+      ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};OMPI_MCA_rmaps_base_oversubscribe=1")
+  endif()
+
+  # Workload pieces in-process (hash, bf16, names, ZeRO vs plain step).
+  h5ckpt_mpi_test_binary(test_trainer_e2e test_trainer_e2e.cpp)
+  target_link_libraries(test_trainer_e2e PRIVATE h5ckpt_workload)
+  h5ckpt_add_mpi_test(test_trainer_e2e RANKS 1 3 LABELS trainer TIMEOUT 120)
 endif()

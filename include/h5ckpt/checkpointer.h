@@ -34,6 +34,9 @@ struct LoadOptions {
   /// Also re-read every saved region once (split over the ranks) and check its xxh3 checksum;
   /// costs one more read of the checkpoint.
   bool verify_checksums = false;
+  /// Zero-redundancy loading: when several ranks want identical bytes (DP replicas), one of them
+  /// (balanced by bytes) reads them from storage and sends them to the others.
+  bool zero_redundancy = true;
 };
 
 /// Settings of a Checkpointer that outlive one call.
@@ -61,9 +64,16 @@ struct SaveReport {
 
 struct LoadReport {
   std::string path;  ///< checkpoint directory actually read (after following `latest`)
-  uint64_t bytes_read = 0;  ///< storage bytes this rank read
+  uint64_t bytes_read = 0;      ///< storage bytes this rank read
+  uint64_t bytes_sent = 0;      ///< bytes this rank sent to replicas (zero-redundancy loading)
+  uint64_t bytes_received = 0;  ///< bytes this rank received instead of reading them
   std::vector<std::string> missing_keys;  ///< non-strict loads only
-  double plan_s = 0, read_s = 0, total_s = 0;
+  double plan_s = 0;      ///< metadata, validation and the load plan
+  double read_s = 0;      ///< storage reads
+  double exchange_s = 0;  ///< waiting for transfers after the reads
+  double total_s = 0;
+  bool plan_cached = false;
+  std::string transport;  ///< "mpi" (or a device transport)
 };
 
 /// One saved region of a tensor as the metadata records it.

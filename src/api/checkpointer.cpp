@@ -20,6 +20,7 @@ struct Checkpointer::Impl {
   const Topology* topology;
   CheckpointerOptions options;
   engine::PlanCache plan_cache;
+  engine::LoadPlanCache load_cache;
   std::map<std::string, std::string> attributes;
   engine::AsyncSaver async;
 };
@@ -63,7 +64,7 @@ Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::s
 
 Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
   wait_pending();
-  return engine::load(impl_->topology->impl(), state, path, options);
+  return engine::load(impl_->topology->impl(), state, path, options, impl_->load_cache);
 }
 
 void Checkpointer::set_attribute(const std::string& name, const std::string& value) {

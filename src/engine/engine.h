@@ -68,8 +68,27 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
                         PlanCache& cache, uint64_t max_piece_bytes);
 
+/// What one rank does for one of its items in a load.
+enum class Role : int32_t { kSkip = 0, kRead = 1, kReceive = 2 };
+struct ItemRole {
+  Role role = Role::kSkip;
+  int32_t group = 0;             ///< orders messages; both sides walk groups in ascending order
+  int32_t peer = -1;             ///< kReceive: the reader
+  std::vector<int32_t> targets;  ///< kRead: ranks to send the bytes to
+};
+
+/// The validated metadata and this rank's load roles of the last load, reused while the
+/// metadata bytes, the data file size and every rank's state structure are unchanged.
+struct LoadPlanCache {
+  uint64_t meta_hash = 0;
+  uint64_t local_signature = 0;
+  uint64_t data_size = 0;
+  std::shared_ptr<const CheckpointInfo> info;  ///< null: nothing cached
+  std::vector<ItemRole> roles;
+};
+
 /// Collective load over topo.world (see Checkpointer::load).
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
-                        const LoadOptions& options);
+                        const LoadOptions& options, LoadPlanCache& cache);
 
 }  // namespace h5ckpt::engine

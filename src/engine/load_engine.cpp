@@ -1,11 +1,17 @@
-// Load: the coordinator resolves and validates the metadata, every rank gets the same view,
-// then each rank reads exactly the boxes it wants at their recorded file offsets.
+// Load: the coordinator resolves and validates the metadata and every rank gets the same view;
+// identical requests are grouped so one rank reads them and sends them to the others
+// (zero-redundancy loading); each reader reads exactly the boxes it wants at recorded offsets.
+#include <xxhash.h>
+
 #include <cstring>
 #include <filesystem>
 
+#include "comm/transport.h"
 #include "engine/engine.h"
+#include "engine/plan_codec.h"
 #include "metrics/log.h"
 #include "planner/box_math.h"
+#include "planner/load_planner.h"
 #include "storage/commit.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
@@ -19,7 +25,7 @@ using metrics::now_s;
 
 namespace {
 
-// Coordinator: resolve `latest`, read and validate; returns (dir, json) for broadcasting.
+// Coordinator: resolve `latest`, read the metadata text (validated by every rank after).
 Result<std::pair<std::string, std::string>> read_metadata_text(const std::string& path) {
   H5CKPT_ASSIGN_OR_RETURN(std::string dir, storage::resolve_checkpoint_dir(path));
   H5CKPT_ASSIGN_OR_RETURN(std::string json,
@@ -27,9 +33,9 @@ Result<std::pair<std::string, std::string>> read_metadata_text(const std::string
   return std::make_pair(dir, json);
 }
 
-// Loads one item on this rank.
-Status load_item(const CheckpointInfo& info, storage::RegionReader& reader, StateItem& item,
-                 const LoadOptions& options, std::vector<std::string>& missing) {
+// Checks one item against the metadata; sets *skip for a missing key in a non-strict load.
+Status check_item(const CheckpointInfo& info, const StateItem& item, const LoadOptions& options, bool* skip) {
+  *skip = false;
   H5CKPT_RETURN_IF_ERROR(item.shard.validate(item.global_shape));
   if (item.shard.numel() > 0 && item.data == nullptr)
     return Status(ErrorCode::kInvalidArgument, "null buffer for a non-empty shard");
@@ -38,20 +44,25 @@ Status load_item(const CheckpointInfo& info, storage::RegionReader& reader, Stat
   const TensorInfo* t = info.find(item.key);
   if (!t) {
     if (!options.strict) {
-      missing.push_back(item.key);
+      *skip = true;
       return Status::Ok();
     }
     return Status(ErrorCode::kNotFound, "not in the checkpoint");
   }
-  if (t->dtype != item.dtype &&
-      !(options.convert_dtype && dtype_is_float(t->dtype) && dtype_is_float(item.dtype)))
+  if (t->dtype != item.dtype && !(options.convert_dtype && dtype_is_float(t->dtype) && dtype_is_float(item.dtype)))
     return Status(ErrorCode::kDtypeMismatch, std::string("checkpoint holds ") + dtype_name(t->dtype) +
                                                  ", the state wants " + dtype_name(item.dtype));
+  if (t->shape != item.global_shape && (!item.allow_shape_mismatch || t->shape.size() != item.global_shape.size()))
+    return Status(ErrorCode::kShapeMismatch, "checkpoint has global shape " + to_string_shape(t->shape) +
+                                                 ", the state wants " + to_string_shape(item.global_shape));
+  return Status::Ok();
+}
+
+// Reads one item from storage into its buffer.
+Status read_item(const CheckpointInfo& info, storage::RegionReader& reader, StateItem& item) {
+  const TensorInfo* t = info.find(item.key);
   Box readable{Shape(t->shape.size(), 0), t->shape};
   if (t->shape != item.global_shape) {
-    if (!item.allow_shape_mismatch || t->shape.size() != item.global_shape.size())
-      return Status(ErrorCode::kShapeMismatch, "checkpoint has global shape " + to_string_shape(t->shape) +
-                                                   ", the state wants " + to_string_shape(item.global_shape));
     // Padded vocabularies: copy the common part, zero the rest, drop the surplus.
     for (size_t d = 0; d < t->shape.size(); ++d) readable.shape[d] = std::min(t->shape[d], item.global_shape[d]);
     std::memset(item.data, 0, static_cast<size_t>(item.shard.numel()) * dtype_size(item.dtype));
@@ -65,10 +76,103 @@ Status load_item(const CheckpointInfo& info, storage::RegionReader& reader, Stat
   return Status::Ok();
 }
 
+std::string encode_roles(const std::vector<ItemRole>& roles) {
+  ByteWriter w;
+  w.put<uint64_t>(roles.size());
+  for (const auto& r : roles) {
+    w.put<int32_t>(static_cast<int32_t>(r.role));
+    w.put<int32_t>(r.group);
+    w.put<int32_t>(r.peer);
+    w.put<uint64_t>(r.targets.size());
+    for (int32_t t : r.targets) w.put<int32_t>(t);
+  }
+  return std::move(w.str());
+}
+
+Result<std::vector<ItemRole>> decode_roles(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<ItemRole> roles(r.get<uint64_t>() & 0xffffff);
+  for (auto& x : roles) {
+    x.role = static_cast<Role>(r.get<int32_t>());
+    x.group = r.get<int32_t>();
+    x.peer = r.get<int32_t>();
+    x.targets.resize(r.get<uint64_t>() & 0xffffff);
+    for (auto& t : x.targets) t = r.get<int32_t>();
+  }
+  if (!r.ok() || !r.at_end()) return Status(ErrorCode::kInternal, "malformed load plan");
+  return roles;
+}
+
+// Identical bytes <=> identical signature: key, dtypes, shapes, shard, padding flag.
+std::string request_signature(const StateItem& item) {
+  std::vector<planner::ItemDesc> d{{item.key, item.dtype, item.global_shape, item.shard}};
+  return encode_items(d) + (item.allow_shape_mismatch ? "P" : "-");
+}
+
+// Gathers every rank's requests, plans on the coordinator, scatters each rank its roles.
+Result<std::vector<ItemRole>> plan_roles(const Topology::Impl& topo, const StateDict& state,
+                                         const std::vector<bool>& skip, bool dedup) {
+  ByteWriter w;
+  w.put<uint64_t>(state.items().size());
+  for (size_t i = 0; i < state.items().size(); ++i) {
+    const StateItem& it = state.items()[i];
+    w.put<uint8_t>(skip[i] ? 1 : 0);
+    w.put_string(skip[i] ? std::string() : request_signature(it));
+    w.put<uint64_t>(static_cast<uint64_t>(it.shard.numel()) * dtype_size(it.dtype));
+  }
+  H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.tree_gather(w.str()));
+  std::vector<std::string> parts;
+  if (topo.world.rank() == topo.coordinator) {
+    const size_t world = gathered.size();
+    std::vector<std::vector<planner::LoadRequest>> reqs(world);
+    std::vector<std::vector<int>> index(world);  // request -> item index
+    std::vector<std::vector<ItemRole>> roles(world);
+    for (size_t r = 0; r < world; ++r) {
+      ByteReader rd(gathered[r]);
+      const uint64_t items = rd.get<uint64_t>() & 0xffffff;
+      roles[r].resize(items);
+      for (uint64_t i = 0; i < items && rd.ok(); ++i) {
+        const bool sk = rd.get<uint8_t>() != 0;
+        std::string sig = rd.get_string();
+        const uint64_t bytes = rd.get<uint64_t>();
+        if (sk) continue;
+        reqs[r].push_back({std::move(sig), bytes});
+        index[r].push_back(static_cast<int>(i));
+      }
+      if (!rd.ok()) roles[r].clear();  // decode_roles on that rank then reports the mismatch
+    }
+    const planner::LoadPlan plan = planner::plan_load(reqs, dedup);
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      const auto& grp = plan.groups[g];
+      for (const auto& m : grp.members) {
+        ItemRole& role = roles[m.rank][index[m.rank][m.item]];
+        role.group = static_cast<int32_t>(g);
+        if (m.rank == grp.reader) {
+          role.role = Role::kRead;
+          for (const auto& o : grp.members)
+            if (o.rank != grp.reader) role.targets.push_back(o.rank);
+        } else {
+          role.role = Role::kReceive;
+          role.peer = grp.reader;
+        }
+      }
+    }
+    for (auto& r : roles) parts.push_back(encode_roles(r));
+  }
+  H5CKPT_ASSIGN_OR_RETURN(std::string mine, comm::scatter_bytes(parts, topo.coordinator, topo.world.get()));
+  auto roles = decode_roles(mine);
+  Status ok = !roles.ok() ? roles.status()
+              : roles->size() != state.items().size()
+                  ? Status(ErrorCode::kInternal, "load plan does not match the state")
+                  : Status::Ok();
+  H5CKPT_RETURN_IF_ERROR(comm::agree(ok, topo.world.get()));  // no rank leaves alone
+  return roles;
+}
+
 }  // namespace
 
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
-                        const LoadOptions& options) {
+                        const LoadOptions& options, LoadPlanCache& cache) {
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
   LoadReport report;
@@ -91,46 +195,109 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   if (!rd.ok()) return Status(ErrorCode::kInternal, "malformed metadata broadcast");
   if (code != ErrorCode::kOk) return Status(code, "load '" + path + "': " + dir_or_error);
   report.path = dir_or_error;
+  const std::string where = "load '" + report.path + "'";
 
-  // Phase 2: every rank opens the data file and validates the metadata against its size.
+  // Phase 2: open the data file; parse and validate the metadata unless this exact metadata and
+  // state structure were planned before on every rank.
   Status local;
   std::optional<storage::RegionReader> reader;
-  CheckpointInfo info;
-  {
-    auto r = storage::RegionReader::open((fs::path(report.path) / storage::kDataFileName).string());
-    if (!r.ok()) {
-      local = r.status();
-    } else {
-      reader.emplace(std::move(r).value());
+  auto r = storage::RegionReader::open((fs::path(report.path) / storage::kDataFileName).string());
+  if (r.ok()) reader.emplace(std::move(r).value());
+  else local = r.status();
+  const uint64_t meta_hash = XXH3_64bits(json.data(), json.size());
+  // Everything that changes validation or roles is part of the key: structure, per-item padding
+  // flags and the options.
+  std::string sig_bytes = std::to_string(structure_signature(state));
+  for (const auto& it : state.items()) sig_bytes += it.allow_shape_mismatch ? 'P' : '-';
+  sig_bytes += options.strict ? 'S' : 's';
+  sig_bytes += options.convert_dtype ? 'C' : 'c';
+  sig_bytes += options.zero_redundancy ? 'Z' : 'z';
+  const uint64_t sig = XXH3_64bits(sig_bytes.data(), sig_bytes.size());
+  int same = local.ok() && cache.info && cache.meta_hash == meta_hash && cache.local_signature == sig &&
+                     cache.data_size == reader->file_size()
+                 ? 1
+                 : 0;
+  int all_same = 0;
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
+  report.plan_cached = all_same != 0;
+  std::vector<bool> skip(state.items().size(), false);
+  if (!all_same) {
+    cache = LoadPlanCache{};
+    if (local.ok()) {
       auto parsed = storage::metadata_from_json(json, reader->file_size());
-      if (parsed.ok()) info = std::move(parsed).value();
+      if (parsed.ok()) cache.info = std::make_shared<const CheckpointInfo>(std::move(parsed).value());
       else local = parsed.status();
     }
+    // Every item is checked before any transfer, so no rank waits for bytes that never come.
+    for (size_t i = 0; i < state.items().size() && local.ok(); ++i) {
+      bool sk = false;
+      local = check_item(*cache.info, state.items()[i], options, &sk);
+      if (!local.ok()) local = local.with_context("key '" + state.items()[i].key + "'");
+      skip[i] = sk;
+    }
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
+    H5CKPT_ASSIGN_OR_RETURN(cache.roles, plan_roles(topo, state, skip, options.zero_redundancy));
+    cache.meta_hash = meta_hash;
+    cache.local_signature = sig;
+    cache.data_size = reader->file_size();
   }
-  H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context("load '" + report.path + "'"));
+  const CheckpointInfo& info = *cache.info;
+  const auto& roles = cache.roles;
+  for (size_t i = 0; i < roles.size(); ++i)
+    if (roles[i].role == Role::kSkip) report.missing_keys.push_back(state.items()[i].key);
+
+  if (options.verify_checksums) {
+    CheckpointInfo located = info;
+    located.data_file = (fs::path(report.path) / storage::kDataFileName).string();
+    local = verify_checkpoint(located, topo.world.rank(), topo.world.size());
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
+  }
   const double t_plan = now_s();
   report.plan_s = t_plan - t0;
 
-  if (options.verify_checksums) {
-    info.data_file = (fs::path(report.path) / storage::kDataFileName).string();
-    local = verify_checkpoint(info, topo.world.rank(), topo.world.size());
-    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context("load '" + report.path + "'"));
+  // Phase 3: post every receive, then read in group order, sending each item to its replicas
+  // as soon as it is read (the transfers overlap the next reads).
+  auto transport = comm::make_mpi_transport(world);
+  report.transport = transport->name();
+  std::vector<size_t> order(roles.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return roles[a].group < roles[b].group; });
+  auto bytes_of = [&](const StateItem& it) { return static_cast<uint64_t>(it.shard.numel()) * dtype_size(it.dtype); };
+  for (size_t i : order) {
+    if (roles[i].role != Role::kReceive) continue;
+    StateItem& it = state.items()[i];
+    Status s = transport->post_recv(roles[i].peer, it.data, bytes_of(it), roles[i].group & 0x7fff);
+    if (local.ok() && !s.ok()) local = s;
+    report.bytes_received += bytes_of(it);
   }
-
-  // Phase 3: each rank reads what it wants; errors name the key.
-  for (auto& item : state.items()) {
-    local = load_item(info, *reader, item, options, report.missing_keys);
-    if (!local.ok()) {
-      local = local.with_context("key '" + item.key + "'");
-      break;
+  for (size_t i : order) {
+    if (roles[i].role != Role::kRead) continue;
+    StateItem& it = state.items()[i];
+    if (local.ok()) {
+      local = read_item(info, *reader, it);
+      if (!local.ok()) local = local.with_context("key '" + it.key + "'");
     }
+    // Send even after a failure, so the receivers are not left waiting; the agreement below
+    // fails the whole load anyway.
+    for (int32_t peer : roles[i].targets) {
+      Status s = transport->post_send(peer, it.data, bytes_of(it), roles[i].group & 0x7fff);
+      if (local.ok() && !s.ok()) local = s;
+      report.bytes_sent += bytes_of(it);
+    }
+    (void)transport->progress();
   }
-  report.bytes_read = reader->bytes_read();
-  H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context("load '" + report.path + "'"));
+  const double t_read = now_s();
+  report.read_s = t_read - t_plan;
+  Status done = transport->wait_all();
+  if (local.ok()) local = done;
+  report.bytes_read = reader ? reader->bytes_read() : 0;
+  H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
   const double t_end = now_s();
-  report.read_s = t_end - t_plan;
+  report.exchange_s = t_end - t_read;
   report.total_s = t_end - t0;
-  metrics::log().info("loaded '{}': {} bytes read here in {:.3f}s", report.path, report.bytes_read, report.read_s);
+  metrics::log().info("loaded '{}': read {} bytes, sent {}, received {} in {:.3f}s{}", report.path,
+                      report.bytes_read, report.bytes_sent, report.bytes_received, report.total_s,
+                      report.plan_cached ? " (cached plan)" : "");
   return report;
 }
 

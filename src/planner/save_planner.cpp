@@ -95,7 +95,10 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape,
     active.push_back(i);
   }
   int64_t total = 1;
-  for (auto s : shape) total *= s;
+  for (auto s : shape)
+    if (s < 0 || !checked_mul(total, s, &total))
+      return Status(ErrorCode::kInvalidArgument,
+                    "key '" + key + "': global shape " + to_string_shape(shape) + " has too many elements");
   if (covered != total)
     return Status(ErrorCode::kInvalidArgument, "key '" + key + "': the ranks' shards cover " +
                                                    std::to_string(covered) + " of " + std::to_string(total) +
@@ -146,13 +149,13 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     }
   }
 
-  // A key may not be both a dataset and a group ("a" and "a/b").
-  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
-    auto next = std::next(it);
-    if (next != tensors.end() && next->first.size() > it->first.size() &&
-        next->first.compare(0, it->first.size(), it->first) == 0 && next->first[it->first.size()] == '/')
-      return Status(ErrorCode::kInvalidArgument,
-                    "key '" + it->first + "' is also a group prefix of key '" + next->first + "'");
+  // A key may not be both a dataset and a group ("a" and "a/b"): look up every '/' prefix.
+  for (const auto& [key, acc] : tensors) {
+    for (size_t pos = key.find('/'); pos != std::string::npos; pos = key.find('/', pos + 1)) {
+      if (tensors.count(key.substr(0, pos)))
+        return Status(ErrorCode::kInvalidArgument,
+                      "key '" + key.substr(0, pos) + "' is also a group prefix of key '" + key + "'");
+    }
   }
 
   SavePlan plan;

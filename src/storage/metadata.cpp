@@ -96,9 +96,12 @@ std::string metadata_to_json(const CheckpointInfo& info) {
   j["tensors"] = std::move(tensors);
   // The checksum covers the compact dump of everything else; nlohmann sorts object keys, so the
   // dump is canonical and a reader can recompute it.
-  const std::string body = j.dump();
+  // Invalid UTF-8 (only possible in caller attributes) is replaced rather than thrown: an
+  // exception here would leave the other ranks waiting in the commit agreement.
+  const auto repl = nlohmann::json::error_handler_t::replace;
+  const std::string body = j.dump(-1, ' ', false, repl);
   j["index_xxh3"] = hex64(checksum_bytes(body.data(), body.size()));
-  return j.dump();
+  return j.dump(-1, ' ', false, repl);
 }
 
 Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data_file_size) {
@@ -107,7 +110,7 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
   std::string sum;
   if (!get_str(j, "index_xxh3", &sum)) return corrupt("missing index_xxh3 checksum");
   j.erase("index_xxh3");
-  const std::string body = j.dump();
+  const std::string body = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (hex64(checksum_bytes(body.data(), body.size())) != sum)
     return corrupt("checksum mismatch: the metadata was modified or damaged");
 
@@ -192,6 +195,7 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
         r.checksum = std::stoull(x, nullptr, 16);
       }
       if (auto st = r.shard.validate(t.shape); !st.ok()) return corrupt(st.message()).with_context(t.key);
+      if (r.shard.numel() == 0) return bad("empty region");
       as_ranks.push_back({planner::ItemDesc{t.key, t.dtype, t.shape, r.shard}});
       t.regions.push_back(std::move(r));
     }

@@ -126,6 +126,13 @@ int train(Options& o, int world) {
   const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0;
 
   if (!o.ckpt_dir.empty()) {
+    Status mk;
+    if (g_rank == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(o.ckpt_dir, ec);
+      if (ec) mk = Status(ErrorCode::kIo, "cannot create '" + o.ckpt_dir + "': " + ec.message());
+    }
+    if (!all_ok(mk, "creating the checkpoint directory")) return 1;
     auto info = read_checkpoint_info(o.ckpt_dir);
     int code = info.ok() ? 0 : info.status().code() == ErrorCode::kNotFound ? 1 : 2;
     int lo = 0, hi = 0;
@@ -238,6 +245,10 @@ bool compared_key(const std::string& k) {
 }
 
 int compare(Options& o, int world) {
+  if (o.compare.size() != 2) {
+    error("--compare needs two checkpoint paths");
+    return 2;
+  }
   if (world != 1) {
     error("--compare runs on one rank (mpiexec -n 1)");
     return 2;
@@ -337,6 +348,8 @@ int main(int argc, char** argv) {
                "a data loader with token buffers; checkpoints with h5ckpt and resumes bit-exactly under "
                "any layout. Launch with mpiexec -n tp*pp*dp.",
                "h5ckpt-train"};
+  // A later occurrence of an option overrides an earlier one (scripts append overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--tp", c.sizes.tp, "tensor-parallel size")->capture_default_str();
   app.add_option("--pp", c.sizes.pp, "pipeline-parallel size")->capture_default_str();
   app.add_option("--dp", c.sizes.dp, "data-parallel size (world size must be tp*pp*dp)")->capture_default_str();
@@ -361,7 +374,9 @@ int main(int argc, char** argv) {
   app.add_option("--verify-ledger", o.verify_ledger,
                  "check mode: every sample in FILE plus --ckpt-dir's loader state consumed exactly once");
   app.add_option("--compare", o.compare, "check mode (1 rank): checkpoints A and B have bit-identical "
-                                         "model/ and optimizer/ datasets")->expected(2);
+                                         "model/ and optimizer/ datasets")
+      ->expected(2)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--quiet", o.quiet, "print errors only");
   int rc = 0;
   try {

@@ -1,0 +1,66 @@
+#include <algorithm>
+#include <vector>
+
+#include "comm/comm.h"
+#include "comm/transport.h"
+
+namespace h5ckpt::comm {
+
+namespace {
+
+constexpr uint64_t kMaxMessage = 1ull << 30;  // MPI counts are int: send large buffers in pieces
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  ~MpiTransport() override {
+    if (!requests_.empty()) (void)wait_all();
+  }
+  const char* name() const override { return "mpi"; }
+
+  Status post_send(int peer, const void* data, uint64_t bytes, int tag) override {
+    const char* p = static_cast<const char*>(data);
+    for (uint64_t off = 0; off < bytes; off += kMaxMessage) {
+      MPI_Request req;
+      const int n = static_cast<int>(std::min(kMaxMessage, bytes - off));
+      H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Isend(p + off, n, MPI_BYTE, peer, tag, comm_, &req), "MPI_Isend"));
+      requests_.push_back(req);
+    }
+    return Status::Ok();
+  }
+
+  Status post_recv(int peer, void* data, uint64_t bytes, int tag) override {
+    char* p = static_cast<char*>(data);
+    for (uint64_t off = 0; off < bytes; off += kMaxMessage) {
+      MPI_Request req;
+      const int n = static_cast<int>(std::min(kMaxMessage, bytes - off));
+      H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Irecv(p + off, n, MPI_BYTE, peer, tag, comm_, &req), "MPI_Irecv"));
+      requests_.push_back(req);
+    }
+    return Status::Ok();
+  }
+
+  Status progress() override {
+    if (requests_.empty()) return Status::Ok();
+    int flag = 0;
+    return mpi_status(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE),
+                      "MPI_Testall");
+  }
+
+  Status wait_all() override {
+    Status st = mpi_status(
+        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    requests_.clear();
+    return st;
+  }
+
+ private:
+  MPI_Comm comm_;
+  std::vector<MPI_Request> requests_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm) { return std::make_unique<MpiTransport>(comm); }
+
+}  // namespace h5ckpt::comm

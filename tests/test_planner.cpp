@@ -1,0 +1,1051 @@
+// Unit tests of the pure planner (box math, save planning) and of format-v1 metadata validation.
+// Expectations are computed independently of the implementation: row-major indices from explicit
+// strides, element-by-element enumeration by unravelling linear indices, holder sets and byte
+// totals recomputed from the simulated ranks' own descriptions, and metadata edited as JSON with
+// its self-checksum recomputed the documented way.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "planner/box_math.h"
+#include "planner/save_planner.h"
+#include "storage/metadata.h"
+
+namespace h5ckpt::planner {
+namespace {
+
+using nlohmann::json;
+
+// ---- independent helpers ------------------------------------------------------------------
+
+int64_t volume_of(const Shape& s) {
+  int64_t v = 1;
+  for (int64_t e : s) v *= e;
+  return v;
+}
+
+// Row-major strides: stride[d] = product of shape[d+1..].
+std::vector<int64_t> strides_of(const Shape& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) st[d] = st[d + 1] * shape[d + 1];
+  return st;
+}
+
+// Flat row-major index of global coordinate `c` within `box`.
+int64_t flat_in_box(const Box& box, const Shape& c) {
+  const auto st = strides_of(box.shape);
+  int64_t idx = 0;
+  for (size_t d = 0; d < c.size(); ++d) idx += (c[d] - box.offset[d]) * st[d];
+  return idx;
+}
+
+// The global coordinates of a box's elements, in row-major order (by unravelling 0..vol-1).
+std::vector<Shape> elements_of(const Box& box) {
+  std::vector<Shape> out;
+  const int64_t vol = volume_of(box.shape);
+  for (int64_t i = 0; i < vol; ++i) {
+    Shape c(box.shape.size());
+    int64_t rem = i;
+    for (int d = static_cast<int>(box.shape.size()) - 1; d >= 0; --d) {
+      c[d] = box.offset[d] + rem % box.shape[d];
+      rem /= box.shape[d];
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+bool inside(const Box& inner, const Box& outer) {
+  if (inner.ndim() != outer.ndim()) return false;
+  for (size_t d = 0; d < inner.ndim(); ++d)
+    if (inner.offset[d] < outer.offset[d] || inner.offset[d] + inner.shape[d] > outer.offset[d] + outer.shape[d])
+      return false;
+  return true;
+}
+
+bool overlaps(const Box& a, const Box& b) {
+  for (size_t d = 0; d < a.ndim(); ++d)
+    if (std::max(a.offset[d], b.offset[d]) >= std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]))
+      return false;
+  return true;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+std::string box_str(const Box& b) { return "offset " + shape_str(b.offset) + " shape " + shape_str(b.shape); }
+
+// Our own signature of a shard (for holder lookups; independent of the planner's).
+std::string sig_of(const ShardSpec& s) {
+  std::string r = shape_str(s.box.offset) + shape_str(s.box.shape);
+  if (s.flat) r += "f" + std::to_string(s.flat->first) + ":" + std::to_string(s.flat->second);
+  return r;
+}
+
+// A random box inside a random global shape.
+struct RandomBox {
+  Shape global;
+  Box box;
+};
+
+RandomBox random_box(std::mt19937_64& rng, int ndim, int64_t max_extent) {
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  RandomBox r;
+  for (int d = 0; d < ndim; ++d) {
+    const int64_t g = uni(1, max_extent);
+    const int64_t off = uni(0, g - 1);
+    const int64_t len = uni(1, g - off);
+    r.global.push_back(g);
+    r.box.offset.push_back(off);
+    r.box.shape.push_back(len);
+  }
+  return r;
+}
+
+// Checks decompose_flat(box, begin, end) against the definition; returns a failure text or "".
+std::string check_decomposition(const Box& box, int64_t begin, int64_t end) {
+  const auto boxes = decompose_flat(box, begin, end);
+  const std::string ctx = box_str(box) + " range [" + std::to_string(begin) + "," + std::to_string(end) + ")";
+  const size_t limit = 2 * box.ndim() - 1;
+  if (boxes.size() > limit) return ctx + ": " + std::to_string(boxes.size()) + " boxes > 2*ndim-1";
+  if (begin == end && !boxes.empty()) return ctx + ": empty range gave boxes";
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const Box& b = boxes[i];
+    if (b.ndim() != box.ndim()) return ctx + ": box of another rank";
+    for (auto e : b.shape)
+      if (e <= 0) return ctx + ": empty or negative box " + box_str(b);
+    if (!inside(b, box)) return ctx + ": box " + box_str(b) + " outside";
+    for (size_t j = 0; j < i; ++j)
+      if (overlaps(boxes[j], b)) return ctx + ": boxes " + box_str(boxes[j]) + " and " + box_str(b) + " overlap";
+  }
+  int64_t expect = begin;
+  for (const Box& b : boxes)
+    for (const Shape& c : elements_of(b)) {
+      const int64_t f = flat_in_box(box, c);
+      if (f != expect) return ctx + ": element " + shape_str(c) + " has flat index " + std::to_string(f) +
+                              ", expected " + std::to_string(expect);
+      ++expect;
+    }
+  if (expect != end) return ctx + ": boxes cover up to " + std::to_string(expect);
+  return "";
+}
+
+// ---- decompose_flat -------------------------------------------------------------------------
+
+TEST(DecomposeFlat, WorkedExample) {
+  // Box rows 1..4, cols 2..6 (4 x 5); elements [3, 17): the tail of row 0, rows 1-2, head of row 3.
+  const Box box{{1, 2}, {4, 5}};
+  const auto boxes = decompose_flat(box, 3, 17);
+  const std::vector<Box> expect = {Box{{1, 5}, {1, 2}}, Box{{2, 2}, {2, 5}}, Box{{4, 2}, {1, 2}}};
+  EXPECT_EQ(boxes, expect);
+  // The whole flattening is the box itself.
+  EXPECT_EQ(decompose_flat(box, 0, 20), std::vector<Box>{box});
+}
+
+TEST(DecomposeFlat, ExhaustiveSmallBoxes) {
+  const std::vector<Box> cases = {Box{{0}, {7}},       Box{{2, 1}, {3, 4}},       Box{{1, 0, 2}, {2, 3, 4}},
+                                  Box{{0, 0, 0, 0}, {2, 3, 2, 3}}, Box{{0, 0}, {1, 5}}, Box{{3, 0, 0}, {4, 1, 3}}};
+  for (const Box& box : cases) {
+    const int64_t vol = volume_of(box.shape);
+    for (int64_t b = 0; b <= vol; ++b)
+      for (int64_t e = b; e <= vol; ++e) {
+        const std::string err = check_decomposition(box, b, e);
+        ASSERT_EQ(err, "");
+      }
+  }
+}
+
+TEST(DecomposeFlat, RandomizedBoxesInsideLargerShape) {
+  std::mt19937_64 rng(20240611);
+  int checked = 0;
+  for (int iter = 0; iter < 4000; ++iter) {
+    const int ndim = 1 + iter % 4;
+    const RandomBox rb = random_box(rng, ndim, ndim <= 2 ? 12 : 6);
+    const int64_t vol = volume_of(rb.box.shape);
+    const int64_t b = std::uniform_int_distribution<int64_t>(0, vol)(rng);
+    const int64_t e = std::uniform_int_distribution<int64_t>(b, vol)(rng);
+    const std::string err = check_decomposition(rb.box, b, e);
+    ASSERT_EQ(err, "") << "global shape " << shape_str(rb.global);
+    // shard_boxes of the flat spec is the same decomposition, and the spec is valid.
+    const ShardSpec spec = ShardSpec::flat_range(rb.box, b, e);
+    ASSERT_TRUE(spec.validate(rb.global).ok());
+    ASSERT_EQ(shard_boxes(spec), decompose_flat(rb.box, b, e));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4000);
+}
+
+// ---- intersect and for_each_run --------------------------------------------------------------
+
+TEST(Intersect, AgainstPerElementMembership) {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 1500; ++iter) {
+    const int ndim = 1 + iter % 3;
+    Shape g;
+    for (int d = 0; d < ndim; ++d) g.push_back(std::uniform_int_distribution<int64_t>(1, 7)(rng));
+    auto rand_box = [&] {
+      Box b;
+      for (int d = 0; d < ndim; ++d) {
+        const int64_t o = std::uniform_int_distribution<int64_t>(0, g[d] - 1)(rng);
+        b.offset.push_back(o);
+        b.shape.push_back(std::uniform_int_distribution<int64_t>(1, g[d] - o)(rng));
+      }
+      return b;
+    };
+    const Box a = rand_box(), b = rand_box();
+    std::set<Shape> expect;
+    for (const Shape& c : elements_of(a))
+      if (inside(Box{c, Shape(ndim, 1)}, b)) expect.insert(c);
+    const auto r = intersect(a, b);
+    if (expect.empty()) {
+      EXPECT_FALSE(r.has_value()) << box_str(a) << " / " << box_str(b);
+      continue;
+    }
+    ASSERT_TRUE(r.has_value()) << box_str(a) << " / " << box_str(b);
+    const auto got = elements_of(*r);
+    EXPECT_EQ(std::set<Shape>(got.begin(), got.end()), expect) << box_str(a) << " / " << box_str(b);
+    EXPECT_EQ(got.size(), expect.size());
+  }
+}
+
+struct RunRec {
+  int64_t src, dst, count;
+};
+
+std::vector<RunRec> runs_of(const Box& region, const Frame& src, const Frame& dst) {
+  std::vector<RunRec> runs;
+  for_each_run(region, src, dst, [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d, n}); });
+  return runs;
+}
+
+// Buffer index of global coordinate c in a frame, from the definition (strides, minus range start).
+int64_t naive_index(const Frame& f, const Shape& c) { return flat_in_box(f.box, c) - f.flat_begin; }
+
+// A random frame over global shape g: a whole-tensor frame, a box frame, or a flat-range frame.
+// `pieces` receives the boxes the frame's buffer actually holds.
+Frame random_frame(std::mt19937_64& rng, const Shape& g, std::vector<Box>* pieces) {
+  const int kind = std::uniform_int_distribution<int>(0, 2)(rng);
+  Box box{Shape(g.size(), 0), g};
+  if (kind >= 1) {
+    for (size_t d = 0; d < g.size(); ++d) {
+      box.offset[d] = std::uniform_int_distribution<int64_t>(0, g[d] - 1)(rng);
+      box.shape[d] = std::uniform_int_distribution<int64_t>(1, g[d] - box.offset[d])(rng);
+    }
+  }
+  if (kind == 2) {
+    const int64_t vol = volume_of(box.shape);
+    const int64_t b = std::uniform_int_distribution<int64_t>(0, vol - 1)(rng);
+    const int64_t e = std::uniform_int_distribution<int64_t>(b + 1, vol)(rng);
+    *pieces = decompose_flat(box, b, e);
+    return Frame{box, b};
+  }
+  *pieces = {box};
+  return Frame{box, 0};
+}
+
+TEST(ForEachRun, MatchesPerElementLoopIncludingFlatFrames) {
+  std::mt19937_64 rng(99);
+  int regions = 0, flat_regions = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const int ndim = 1 + iter % 4;
+    Shape g;
+    for (int d = 0; d < ndim; ++d) g.push_back(std::uniform_int_distribution<int64_t>(1, ndim <= 2 ? 9 : 5)(rng));
+    std::vector<Box> sp, dp;
+    const Frame src = random_frame(rng, g, &sp);
+    const Frame dst = random_frame(rng, g, &dp);
+    for (const Box& a : sp)
+      for (const Box& b : dp) {
+        const auto region = intersect(a, b);
+        if (!region) continue;
+        ++regions;
+        if (src.flat_begin != 0 || dst.flat_begin != 0) ++flat_regions;
+        const auto runs = runs_of(*region, src, dst);
+        std::vector<std::pair<int64_t, int64_t>> got, expect;
+        for (const RunRec& r : runs) {
+          ASSERT_GT(r.count, 0);
+          for (int64_t i = 0; i < r.count; ++i) got.emplace_back(r.src + i, r.dst + i);
+        }
+        for (const Shape& c : elements_of(*region)) expect.emplace_back(naive_index(src, c), naive_index(dst, c));
+        ASSERT_EQ(got, expect) << "region " << box_str(*region) << " src " << box_str(src.box) << " @"
+                               << src.flat_begin << " dst " << box_str(dst.box) << " @" << dst.flat_begin;
+        // Every index must lie inside the buffers the frames describe.
+        for (auto [s, d] : got) {
+          ASSERT_GE(s, 0);
+          ASSERT_GE(d, 0);
+        }
+        // Runs are maximal: as many as the element sequence has breaks in contiguity.
+        size_t breaks = 1;
+        for (size_t i = 1; i < expect.size(); ++i)
+          if (expect[i].first != expect[i - 1].first + 1 || expect[i].second != expect[i - 1].second + 1) ++breaks;
+        EXPECT_EQ(runs.size(), breaks) << "region " << box_str(*region) << " src " << box_str(src.box)
+                                       << " dst " << box_str(dst.box);
+      }
+  }
+  EXPECT_GT(regions, 2000);
+  EXPECT_GT(flat_regions, 300);
+}
+
+TEST(ForEachRun, FullTrailingDimsGiveLongRuns) {
+  // Rows 2..4 of a [6, 4, 5] tensor, whole in dims 1 and 2: one run of 3*4*5 in both frames.
+  const Frame whole{Box{{0, 0, 0}, {6, 4, 5}}, 0};
+  const Frame rows{Box{{2, 0, 0}, {3, 4, 5}}, 0};
+  auto runs = runs_of(rows.box, whole, rows);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].src, 2 * 20);
+  EXPECT_EQ(runs[0].dst, 0);
+  EXPECT_EQ(runs[0].count, 60);
+
+  // Columns 1..2 of dim 1, whole in dim 2: 6 runs (one per row) of 2*5 elements.
+  const Frame cols{Box{{0, 1, 0}, {6, 2, 5}}, 0};
+  runs = runs_of(cols.box, whole, cols);
+  ASSERT_EQ(runs.size(), 6u);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].count, 10);
+    EXPECT_EQ(runs[i].src, static_cast<int64_t>(i) * 20 + 5);
+    EXPECT_EQ(runs[i].dst, static_cast<int64_t>(i) * 10);
+  }
+
+  // A flat-range frame over the whole tensor starting at element 37: the region rows 2..3 is one
+  // run at buffer index 40 - 37 = 3.
+  const Frame flat{Box{{0, 0, 0}, {6, 4, 5}}, 37};
+  runs = runs_of(Box{{2, 0, 0}, {2, 4, 5}}, whole, flat);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].src, 40);
+  EXPECT_EQ(runs[0].dst, 3);
+  EXPECT_EQ(runs[0].count, 40);
+}
+
+TEST(ForEachRun, FrameIndexOf) {
+  const Frame f{Box{{1, 2}, {3, 4}}, 5};
+  EXPECT_EQ(f.index_of({1, 2}), -5);
+  EXPECT_EQ(f.index_of({2, 3}), 4 + 1 - 5);
+  EXPECT_EQ(f.index_of({3, 5}), 11 - 5);
+  const ShardSpec s = ShardSpec::flat_range(Box{{0, 0}, {4, 4}}, 6, 11);
+  const Frame ff = frame_of(s);
+  EXPECT_EQ(ff.box, s.box);
+  EXPECT_EQ(ff.flat_begin, 6);
+  EXPECT_EQ(frame_of(ShardSpec::box_of({1, 1}, {2, 2})).flat_begin, 0);
+}
+
+// ---- ShardSpec::split ---------------------------------------------------------------------
+
+TEST(ShardSpecSplit, UnevenSplitsCoverOnce) {
+  const Shape g{37, 5, 3};
+  // 37 into 8: the first 37 % 8 = 5 parts get 5 rows, the others 4.
+  const std::vector<int64_t> expect_len = {5, 5, 5, 5, 5, 4, 4, 4};
+  int64_t next = 0;
+  for (int k = 0; k < 8; ++k) {
+    const ShardSpec s = ShardSpec::split(g, 0, 8, k);
+    EXPECT_TRUE(s.validate(g).ok()) << s.validate(g).to_string();
+    EXPECT_EQ(s.box.offset, (Shape{next, 0, 0}));
+    EXPECT_EQ(s.box.shape, (Shape{expect_len[k], 5, 3}));
+    EXPECT_FALSE(s.flat.has_value());
+    next += expect_len[k];
+  }
+  EXPECT_EQ(next, 37);
+
+  // Any dimension, any part count (including more parts than elements): every index once.
+  for (int dim = 0; dim < 3; ++dim)
+    for (int parts = 1; parts <= 40; ++parts) {
+      std::vector<int> hits(g[dim], 0);
+      int64_t min_len = INT64_MAX, max_len = 0;
+      for (int k = 0; k < parts; ++k) {
+        const ShardSpec s = ShardSpec::split(g, dim, parts, k);
+        ASSERT_TRUE(s.validate(g).ok());
+        for (int d = 0; d < 3; ++d)
+          if (d != dim) {
+            ASSERT_EQ(s.box.offset[d], 0);
+            ASSERT_EQ(s.box.shape[d], g[d]);
+          }
+        for (int64_t i = 0; i < s.box.shape[dim]; ++i) ++hits[s.box.offset[dim] + i];
+        min_len = std::min(min_len, s.box.shape[dim]);
+        max_len = std::max(max_len, s.box.shape[dim]);
+      }
+      for (int h : hits) ASSERT_EQ(h, 1) << "dim " << dim << " parts " << parts;
+      EXPECT_LE(max_len - min_len, 1);
+    }
+}
+
+TEST(ShardSpecSplit, InvalidArgumentsGiveInvalidSpec) {
+  const Shape g{8, 4};
+  for (auto [dim, parts, index] : std::vector<std::tuple<int, int, int>>{
+           {-1, 2, 0}, {2, 2, 0}, {0, 0, 0}, {0, -3, 0}, {0, 2, -1}, {0, 2, 2}, {1, 4, 7}}) {
+    const ShardSpec s = ShardSpec::split(g, dim, parts, index);
+    const Status st = s.validate(g);
+    EXPECT_FALSE(st.ok()) << dim << " " << parts << " " << index;
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+  }
+}
+
+TEST(ShardSpecValidate, RejectsOutOfShapeAndBadFlatRanges) {
+  const Shape g{4, 6};
+  EXPECT_TRUE(ShardSpec::whole(g).validate(g).ok());
+  EXPECT_FALSE(ShardSpec::box_of({3, 0}, {2, 6}).validate(g).ok());
+  EXPECT_FALSE(ShardSpec::box_of({0, -1}, {1, 1}).validate(g).ok());
+  EXPECT_FALSE(ShardSpec::box_of({0}, {4}).validate(g).ok());
+  EXPECT_FALSE(ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 5, 25).validate(g).ok());
+  EXPECT_FALSE(ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 7, 6).validate(g).ok());
+  EXPECT_TRUE(ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 24, 24).validate(g).ok());
+  EXPECT_FALSE(ShardSpec::whole({}).validate({}).ok());
+}
+
+// ---- plan_save ------------------------------------------------------------------------------
+
+using Ranks = std::vector<std::vector<ItemDesc>>;
+
+ItemDesc item(std::string key, Shape g, ShardSpec s, DType dt = DType::kF32) {
+  return ItemDesc{std::move(key), dt, std::move(g), std::move(s)};
+}
+
+int64_t bytes_of(const ShardSpec& s, DType dt) { return s.numel() * static_cast<int64_t>(dtype_size(dt)); }
+
+// Invariants every successful plan must satisfy, recomputed from the inputs.
+void check_plan(const Ranks& ranks, const SavePlan& plan) {
+  std::map<std::string, std::map<std::string, std::set<int>>> holders;  // key -> sig -> ranks
+  std::map<std::string, std::pair<DType, Shape>> kinds;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (const auto& it : ranks[r]) {
+      kinds[it.key] = {it.dtype, it.global_shape};
+      if (it.shard.numel() > 0) holders[it.key][sig_of(it.shard)].insert(static_cast<int>(r));
+    }
+  ASSERT_EQ(plan.tensors.size(), kinds.size());
+  ASSERT_EQ(plan.by_rank.size(), ranks.size());
+  ASSERT_EQ(plan.bytes_by_rank.size(), ranks.size());
+  std::vector<int64_t> load(ranks.size(), 0);
+  std::set<std::pair<int, int>> expected_assignments;
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const TensorPlan& tp = plan.tensors[t];
+    if (t > 0) ASSERT_LT(plan.tensors[t - 1].key, tp.key) << "tensors not sorted by key";
+    ASSERT_TRUE(kinds.count(tp.key)) << tp.key;
+    EXPECT_EQ(tp.dtype, kinds[tp.key].first);
+    EXPECT_EQ(tp.shape, kinds[tp.key].second);
+    const auto& hk = holders[tp.key];
+    ASSERT_EQ(tp.regions.size(), hk.size()) << tp.key << ": each unique region exactly once";
+    int64_t elems = 0;
+    std::set<std::string> seen;
+    for (size_t r = 0; r < tp.regions.size(); ++r) {
+      const auto& reg = tp.regions[r];
+      const std::string sig = sig_of(reg.shard);
+      ASSERT_TRUE(seen.insert(sig).second) << tp.key << " region listed twice";
+      auto h = hk.find(sig);
+      ASSERT_NE(h, hk.end()) << tp.key << ": planned region held by nobody";
+      ASSERT_TRUE(h->second.count(reg.writer)) << tp.key << ": writer " << reg.writer << " does not hold region";
+      load[reg.writer] += bytes_of(reg.shard, tp.dtype);
+      elems += reg.shard.numel();
+      expected_assignments.insert({static_cast<int>(t), static_cast<int>(r)});
+    }
+    EXPECT_EQ(elems, volume_of(tp.shape)) << tp.key << ": regions do not add up to the tensor";
+  }
+  std::set<std::pair<int, int>> assigned;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_EQ(static_cast<int64_t>(plan.bytes_by_rank[r]), load[r]) << "rank " << r;
+    for (const WriteAssignment& a : plan.by_rank[r]) {
+      ASSERT_GE(a.tensor, 0);
+      ASSERT_LT(a.tensor, static_cast<int>(plan.tensors.size()));
+      ASSERT_GE(a.region, 0);
+      ASSERT_LT(a.region, static_cast<int>(plan.tensors[a.tensor].regions.size()));
+      ASSERT_GE(a.item, 0);
+      ASSERT_LT(a.item, static_cast<int>(ranks[r].size()));
+      const auto& reg = plan.tensors[a.tensor].regions[a.region];
+      EXPECT_EQ(reg.writer, static_cast<int>(r));
+      EXPECT_EQ(ranks[r][a.item].key, plan.tensors[a.tensor].key);
+      EXPECT_EQ(ranks[r][a.item].shard, reg.shard);
+      EXPECT_TRUE(assigned.insert({a.tensor, a.region}).second) << "region assigned twice";
+    }
+  }
+  EXPECT_EQ(assigned, expected_assignments);
+}
+
+TEST(PlanSave, ReplicasWrittenOnce) {
+  const Shape g{8, 4};
+  Ranks ranks(4);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].push_back(item("model/norm", {4}, ShardSpec::whole({4})));
+    // TP 2 x DP 2: ranks 0,2 hold rows 0..3; ranks 1,3 rows 4..7.
+    ranks[r].push_back(item("model/w", g, ShardSpec::split(g, 0, 2, r % 2)));
+  }
+  auto plan = plan_save(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  check_plan(ranks, *plan);
+  ASSERT_EQ(plan->tensors.size(), 2u);
+  EXPECT_EQ(plan->tensors[0].key, "model/norm");
+  EXPECT_EQ(plan->tensors[0].regions.size(), 1u);
+  EXPECT_EQ(plan->tensors[1].regions.size(), 2u);
+  int assignments = 0;
+  for (const auto& v : plan->by_rank) assignments += static_cast<int>(v.size());
+  EXPECT_EQ(assignments, 3);
+  const uint64_t total =
+      std::accumulate(plan->bytes_by_rank.begin(), plan->bytes_by_rank.end(), uint64_t{0});
+  EXPECT_EQ(total, (4u + 32u) * 4u);
+}
+
+TEST(PlanSave, EqualReplicasSpreadOnePerRank) {
+  Ranks ranks(8);
+  for (int r = 0; r < 8; ++r)
+    for (int t = 0; t < 8; ++t) ranks[r].push_back(item("model/t" + std::to_string(t), {16, 16}, ShardSpec::whole({16, 16})));
+  auto plan = plan_save(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  check_plan(ranks, *plan);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(plan->by_rank[r].size(), 1u) << "rank " << r;
+    EXPECT_EQ(plan->bytes_by_rank[r], 16u * 16u * 4u) << "rank " << r;
+  }
+}
+
+TEST(PlanSave, UnequalSizesBalancedWorstFit) {
+  std::mt19937_64 rng(31337);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int nranks = 2 + trial % 7;
+    const int ntensors = 5 + trial * 3;
+    Ranks ranks(nranks);
+    int64_t total = 0, largest = 0;
+    for (int t = 0; t < ntensors; ++t) {
+      const int64_t rows = std::uniform_int_distribution<int64_t>(1, 300)(rng);
+      const Shape g{rows, 16};
+      const DType dt = t % 3 == 0 ? DType::kBF16 : DType::kF32;
+      const int64_t b = rows * 16 * static_cast<int64_t>(dtype_size(dt));
+      total += b;
+      largest = std::max(largest, b);
+      for (int r = 0; r < nranks; ++r) ranks[r].push_back(item("opt/t" + std::to_string(t), g, ShardSpec::whole(g), dt));
+    }
+    auto plan = plan_save(ranks);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    check_plan(ranks, *plan);
+    const int64_t max_load =
+        static_cast<int64_t>(*std::max_element(plan->bytes_by_rank.begin(), plan->bytes_by_rank.end()));
+    // The optimum is at least max(total / n, largest); greedy worst-fit stays within one item of it.
+    const int64_t lower = std::max((total + nranks - 1) / nranks, largest);
+    EXPECT_LE(max_load, lower + largest) << "trial " << trial;
+    EXPECT_LE(max_load, total / nranks + largest) << "trial " << trial;
+  }
+}
+
+TEST(PlanSave, BalancesWithinHolderSets) {
+  // TP 2 x DP 4: each TP half of 6 tensors is held by the 4 DP ranks of that TP index.
+  Ranks ranks(8);
+  for (int r = 0; r < 8; ++r)
+    for (int t = 0; t < 6; ++t) {
+      const Shape g{40 + 8 * t, 8};
+      ranks[r].push_back(item("model/layer" + std::to_string(t), g, ShardSpec::split(g, 0, 2, r % 2)));
+    }
+  auto plan = plan_save(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  check_plan(ranks, *plan);
+  for (int r = 0; r < 8; ++r) EXPECT_GE(plan->by_rank[r].size(), 1u) << "rank " << r << " idle";
+}
+
+void expect_error(const Ranks& ranks, ErrorCode code, const std::vector<std::string>& needles) {
+  auto plan = plan_save(ranks);
+  ASSERT_FALSE(plan.ok()) << "accepted, expected: " << error_code_name(code);
+  EXPECT_EQ(plan.status().code(), code) << plan.status().to_string();
+  for (const auto& n : needles)
+    EXPECT_NE(plan.status().message().find(n), std::string::npos)
+        << "message '" << plan.status().message() << "' lacks '" << n << "'";
+}
+
+TEST(PlanSaveErrors, OverlappingNonIdenticalShards) {
+  const Shape g{8, 2};
+  Ranks ranks(3);
+  ranks[0].push_back(item("model/w", g, ShardSpec::box_of({0, 0}, {5, 2})));
+  ranks[1].push_back(item("model/w", g, ShardSpec::box_of({5, 0}, {3, 2})));
+  ranks[2].push_back(item("model/w", g, ShardSpec::box_of({3, 1}, {3, 1})));
+  expect_error(ranks, ErrorCode::kInvalidArgument, {"model/w", "overlaps", "rank 2"});
+  // Overlap between a box and a flat range that are not identical.
+  Ranks flat(2);
+  flat[0].push_back(item("opt/m", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 0, 9)));
+  flat[1].push_back(item("opt/m", g, ShardSpec::box_of({4, 0}, {4, 2})));
+  expect_error(flat, ErrorCode::kInvalidArgument, {"opt/m", "rank 0", "rank 1"});
+}
+
+TEST(PlanSaveErrors, IncompleteCoverage) {
+  const Shape g{8, 2};
+  Ranks ranks(2);
+  ranks[0].push_back(item("model/w", g, ShardSpec::box_of({0, 0}, {4, 2})));
+  ranks[1].push_back(item("model/w", g, ShardSpec::box_of({5, 0}, {3, 2})));
+  expect_error(ranks, ErrorCode::kInvalidArgument, {"model/w", "14 of 16"});
+  // Flat ranges with a gap.
+  Ranks flat(2);
+  flat[0].push_back(item("opt/m", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 0, 7)));
+  flat[1].push_back(item("opt/m", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 8, 16)));
+  expect_error(flat, ErrorCode::kInvalidArgument, {"opt/m", "15 of 16"});
+}
+
+TEST(PlanSaveErrors, DtypeAndShapeMismatchAcrossRanks) {
+  Ranks ranks(3);
+  for (int r = 0; r < 3; ++r)
+    ranks[r].push_back(item("model/w", {4}, ShardSpec::whole({4}), r == 2 ? DType::kBF16 : DType::kF32));
+  expect_error(ranks, ErrorCode::kDtypeMismatch, {"model/w", "f32", "bf16", "rank 0", "rank 2"});
+
+  Ranks shapes(2);
+  shapes[0].push_back(item("model/emb", {10, 4}, ShardSpec::split({10, 4}, 0, 2, 0)));
+  shapes[1].push_back(item("model/emb", {12, 4}, ShardSpec::split({12, 4}, 0, 2, 1)));
+  expect_error(shapes, ErrorCode::kShapeMismatch, {"model/emb", "[10,4]", "[12,4]", "rank 0", "rank 1"});
+}
+
+TEST(PlanSaveErrors, DuplicateKeyOnOneRank) {
+  Ranks ranks(2);
+  ranks[0].push_back(item("model/w", {4}, ShardSpec::whole({4})));
+  ranks[1].push_back(item("model/w", {4}, ShardSpec::whole({4})));
+  ranks[1].push_back(item("model/w", {4}, ShardSpec::whole({4})));
+  expect_error(ranks, ErrorCode::kInvalidArgument, {"model/w", "twice", "rank 1"});
+}
+
+TEST(PlanSaveErrors, KeyThatIsGroupPrefixOfAnother) {
+  Ranks ranks(2);
+  ranks[0].push_back(item("a", {4}, ShardSpec::whole({4})));
+  ranks[1].push_back(item("a/b", {4}, ShardSpec::whole({4})));
+  ranks[0].push_back(item("a/b", {4}, ShardSpec::whole({4})));
+  ranks[1].push_back(item("a", {4}, ShardSpec::whole({4})));
+  expect_error(ranks, ErrorCode::kInvalidArgument, {"'a'", "'a/b'"});
+  // "ab" is not inside group "a": accepted.
+  Ranks fine(1);
+  fine[0].push_back(item("a", {4}, ShardSpec::whole({4})));
+  fine[0].push_back(item("ab/c", {4}, ShardSpec::whole({4})));
+  EXPECT_TRUE(plan_save(fine).ok());
+}
+
+TEST(PlanSaveErrors, GroupPrefixWithKeysSortedBetween) {
+  // "model/w" < "model/w-x" < "model/w.b" < "model/w/x" in byte order: the dataset/group clash
+  // of "model/w" and "model/w/x" must still be found when other keys sort between them.
+  Ranks ranks(1);
+  for (const char* k : {"model/w", "model/w-x", "model/w.b", "model/w/x"})
+    ranks[0].push_back(item(k, {4}, ShardSpec::whole({4})));
+  expect_error(ranks, ErrorCode::kInvalidArgument, {"'model/w'", "'model/w/x'"});
+}
+
+TEST(PlanSaveErrors, InvalidAndReservedKeys) {
+  for (const char* k : {"", "model/w eight", "model//w", "/model/w", "model/w/", "model/../w", "model/./w",
+                        "a$b", "mo\xc3\xa9l", "meta", "meta/index", "meta/x/y"}) {
+    Ranks ranks(2);
+    ranks[0].push_back(item("model/ok", {2}, ShardSpec::whole({2})));
+    ranks[1].push_back(item("model/ok", {2}, ShardSpec::whole({2})));
+    ranks[1].push_back(item(k, {2}, ShardSpec::whole({2})));
+    auto plan = plan_save(ranks);
+    ASSERT_FALSE(plan.ok()) << "key '" << k << "' accepted";
+    EXPECT_EQ(plan.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find("rank 1"), std::string::npos) << plan.status().message();
+    EXPECT_NE(plan.status().message().find("key '" + std::string(k) + "'"), std::string::npos)
+        << plan.status().message();
+  }
+  EXPECT_NE(validate_key("meta/x").message().find("reserved"), std::string::npos);
+  for (const char* k : {"metadata/x", "model/meta", "a", "A.b-c_d/0/e.f"}) EXPECT_TRUE(validate_key(k).ok()) << k;
+}
+
+TEST(PlanSaveErrors, ShardOutsideShape) {
+  Ranks ranks(1);
+  ranks[0].push_back(item("model/w", {4, 4}, ShardSpec::box_of({2, 0}, {3, 4})));
+  expect_error(ranks, ErrorCode::kInvalidArgument, {"model/w", "rank 0", "outside"});
+}
+
+TEST(PlanSaveErrors, GlobalElementCountOverflow) {
+  // 2^40 x 2^40 elements do not fit in int64: the tensor can never be covered (or stored), so it
+  // must be refused, even when every rank holds an empty box of it.
+  const Shape g{int64_t{1} << 40, int64_t{1} << 40};
+  Ranks ranks(2);
+  for (int r = 0; r < 2; ++r) ranks[r].push_back(item("model/huge", g, ShardSpec::box_of({0, 0}, {0, 0})));
+  auto plan = plan_save(ranks);
+  EXPECT_FALSE(plan.ok()) << "a tensor of 2^80 elements with no regions was accepted";
+  if (!plan.ok()) EXPECT_NE(plan.status().message().find("model/huge"), std::string::npos);
+}
+
+TEST(PlanSave, ZeroFlatRangesUnevenAndEmpty) {
+  // Tensor [6, 7] (42 elements) split TP 2 along dim 1 (4 + 3 columns); each TP box flattened and
+  // split over DP 5 unevenly, with empty ranges.
+  const Shape g{6, 7};
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges = {
+      {{0, 10}, {10, 10}, {10, 17}, {17, 24}, {24, 24}},  // TP 0 box: 6 x 4 = 24
+      {{0, 0}, {0, 5}, {5, 6}, {6, 13}, {13, 18}}};       // TP 1 box: 6 x 3 = 18
+  Ranks ranks(10);
+  for (int dp = 0; dp < 5; ++dp)
+    for (int tp = 0; tp < 2; ++tp) {
+      const ShardSpec box = ShardSpec::split(g, 1, 2, tp);
+      const auto [b, e] = ranges[tp][dp];
+      ranks[tp + 2 * dp].push_back(item("optimizer/exp_avg/w", g, ShardSpec::flat_range(box.box, b, e)));
+      ranks[tp + 2 * dp].push_back(item("model/w", g, box));
+    }
+  auto plan = plan_save(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  check_plan(ranks, *plan);
+  const TensorPlan& opt = plan->tensors[1];
+  ASSERT_EQ(opt.key, "optimizer/exp_avg/w");
+  EXPECT_EQ(opt.regions.size(), 7u);  // 10 ranges minus 3 empty ones
+  // Element coverage, from each region's own decomposition: every element exactly once.
+  std::vector<int> hits(42, 0);
+  for (const auto& reg : opt.regions)
+    for (const Box& b : shard_boxes(reg.shard))
+      for (const Shape& c : elements_of(b)) ++hits[c[0] * 7 + c[1]];
+  for (int i = 0; i < 42; ++i) EXPECT_EQ(hits[i], 1) << "element " << i;
+  // Ranks whose range is empty write nothing of it.
+  for (const auto& reg : opt.regions) EXPECT_GT(reg.shard.numel(), 0);
+}
+
+TEST(PlanSave, EmptyTensorAndRankHoldingNothing) {
+  Ranks ranks(3);
+  for (int r = 0; r < 3; ++r) ranks[r].push_back(item("model/empty", {0, 5}, ShardSpec::whole({0, 5})));
+  ranks[0].push_back(item("model/w", {4}, ShardSpec::box_of({0}, {4})));
+  ranks[1].push_back(item("model/w", {4}, ShardSpec::box_of({4}, {0})));  // owns nothing of it
+  auto plan = plan_save(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  check_plan(ranks, *plan);
+  EXPECT_TRUE(plan->tensors[0].regions.empty());
+  EXPECT_EQ(plan->tensors[1].regions.size(), 1u);
+  EXPECT_EQ(plan->tensors[1].regions[0].writer, 0);
+}
+
+// ---- scale: a simulated Megatron-like job of 10,000 ranks -----------------------------------
+
+TEST(PlanSaveScale, MegatronLike10000Ranks) {
+  const int TP = 8, PP = 10, DP = 125, kLayersPerStage = 2;
+  const int64_t H = 500, V = 1003;  // uneven TP splits on purpose
+  const int world = TP * PP * DP;
+  struct Weight {
+    std::string name;
+    Shape shape;
+    int split_dim;  // -1: replicated over TP
+  };
+  auto layer_weights = [&](int layer) {
+    const std::string p = "layers." + std::to_string(layer) + ".";
+    return std::vector<Weight>{{p + "attn.qkv.weight", {3 * H, H}, 0},
+                               {p + "attn.proj.weight", {H, H}, 1},
+                               {p + "mlp.fc1.weight", {4 * H, H}, 0},
+                               {p + "mlp.fc2.weight", {H, 4 * H}, 1},
+                               {p + "ln.weight", {H}, -1}};
+  };
+  const std::vector<std::string> kOptStates = {"fp32_param", "exp_avg", "exp_avg_sq"};
+
+  Ranks ranks(world);
+  for (int pp = 0; pp < PP; ++pp) {
+    std::vector<Weight> ws;
+    if (pp == 0) ws.push_back({"embedding.weight", {V, H}, 0});
+    for (int l = pp * kLayersPerStage; l < (pp + 1) * kLayersPerStage; ++l)
+      for (auto& w : layer_weights(l)) ws.push_back(w);
+    if (pp == PP - 1) ws.push_back({"final_ln.weight", {H}, -1});
+    for (int dp = 0; dp < DP; ++dp)
+      for (int tp = 0; tp < TP; ++tp) {
+        const int rank = tp + TP * (dp + DP * pp);  // Megatron order: TP fastest, then DP, then PP
+        auto& items = ranks[rank];
+        for (const auto& w : ws) {
+          const ShardSpec local = w.split_dim < 0 ? ShardSpec::whole(w.shape) : ShardSpec::split(w.shape, w.split_dim, TP, tp);
+          items.push_back(item("model/" + w.name, w.shape, local, DType::kBF16));
+          // Distributed optimizer: the TP-local tensor flattened and split over DP (uneven).
+          const int64_t n = local.numel(), base = n / DP, extra = n % DP;
+          const int64_t b = dp * base + std::min<int64_t>(dp, extra);
+          const int64_t e = b + base + (dp < extra ? 1 : 0);
+          for (const auto& s : kOptStates)
+            items.push_back(item("optimizer/" + s + "/" + w.name, w.shape, ShardSpec::flat_range(local.box, b, e)));
+        }
+      }
+  }
+  size_t nitems = 0;
+  for (const auto& r : ranks) nitems += r.size();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = plan_save(ranks);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+
+  // Independent accounting: holders per (key, region), total unique bytes.
+  std::map<std::string, std::map<std::string, std::set<int>>> holders;
+  std::map<std::string, int64_t> tensor_bytes;
+  for (int r = 0; r < world; ++r)
+    for (const auto& it : ranks[r]) {
+      tensor_bytes[it.key] = volume_of(it.global_shape) * static_cast<int64_t>(dtype_size(it.dtype));
+      if (it.shard.numel() > 0) holders[it.key][sig_of(it.shard)].insert(r);
+    }
+  int64_t expect_total = 0;
+  for (auto& [k, b] : tensor_bytes) expect_total += b;
+  ASSERT_EQ(plan->tensors.size(), tensor_bytes.size());
+  int64_t planned = 0;
+  size_t nregions = 0;
+  for (const auto& t : plan->tensors) {
+    const auto& hk = holders.at(t.key);
+    ASSERT_EQ(t.regions.size(), hk.size()) << t.key;
+    int64_t tb = 0;
+    for (const auto& reg : t.regions) {
+      auto h = hk.find(sig_of(reg.shard));
+      ASSERT_NE(h, hk.end()) << t.key;
+      ASSERT_TRUE(h->second.count(reg.writer)) << t.key << ": writer " << reg.writer << " is not a holder";
+      tb += bytes_of(reg.shard, t.dtype);
+    }
+    ASSERT_EQ(tb, tensor_bytes.at(t.key)) << t.key << ": regions do not account for every byte";
+    planned += tb;
+    nregions += t.regions.size();
+  }
+  EXPECT_EQ(planned, expect_total);
+  int64_t by_rank_total = 0, max_load = 0, min_load = INT64_MAX;
+  size_t assignments = 0;
+  for (int r = 0; r < world; ++r) {
+    by_rank_total += static_cast<int64_t>(plan->bytes_by_rank[r]);
+    max_load = std::max<int64_t>(max_load, plan->bytes_by_rank[r]);
+    min_load = std::min<int64_t>(min_load, plan->bytes_by_rank[r]);
+    for (const auto& a : plan->by_rank[r]) {
+      ASSERT_EQ(plan->tensors[a.tensor].regions[a.region].writer, r);
+      ASSERT_EQ(ranks[r][a.item].key, plan->tensors[a.tensor].key);
+      ++assignments;
+    }
+  }
+  EXPECT_EQ(by_rank_total, expect_total);
+  EXPECT_EQ(assignments, nregions);
+  std::printf("[ scale    ] %d ranks (TP %d, PP %d, DP %d), %zu items, %zu tensors, %zu regions, %.1f MiB: "
+              "plan_save %.3f s; per-rank write load min %.2f / max %.2f MiB\n",
+              world, TP, PP, DP, nitems, plan->tensors.size(), nregions, expect_total / 1048576.0, secs,
+              min_load / 1048576.0, max_load / 1048576.0);
+}
+
+}  // namespace
+}  // namespace h5ckpt::planner
+
+// ---- format-v1 metadata validation ----------------------------------------------------------
+
+namespace h5ckpt::storage {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kFileSize = 3u << 20;
+
+CheckpointInfo small_info() {
+  CheckpointInfo info;
+  info.format_version = kFormatVersion;
+  info.library_version = "0.1.0";
+  info.step = 42;
+  info.saved_sizes = ParallelSizes{2, 1, 1};
+  info.saved_coords = {RankCoords{0, 0, 0}, RankCoords{1, 0, 0}};
+  info.attributes = {{"config", "{\"layers\": 2}"}, {"run", "unit"}};
+  // Deliberately not sorted by key: the reader sorts.
+  TensorInfo opt;
+  opt.key = "optimizer/exp_avg/a";
+  opt.dtype = DType::kBF16;
+  opt.shape = {4, 6};
+  opt.nbytes = 48;
+  opt.file_offset = 2 << 20;
+  opt.regions = {SavedRegion{ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 0, 10), 0, 0x0123456789abcdefull},
+                 SavedRegion{ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 10, 24), 1, 0xfedcba9876543210ull}};
+  TensorInfo a;
+  a.key = "model/a";
+  a.dtype = DType::kF32;
+  a.shape = {4, 6};
+  a.nbytes = 96;
+  a.file_offset = 1 << 20;
+  a.regions = {SavedRegion{ShardSpec::box_of({0, 0}, {2, 6}), 0, 0x1111},
+               SavedRegion{ShardSpec::box_of({2, 0}, {2, 6}), 1, 0}};  // no checksum recorded
+  TensorInfo empty;
+  empty.key = "model/empty";
+  empty.dtype = DType::kI32;
+  empty.shape = {0, 3};
+  empty.nbytes = 0;
+  empty.file_offset = -1;
+  info.tensors = {opt, a, empty};
+  return info;
+}
+
+std::string hex16(uint64_t v) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) s[i] = kDigits[v & 15];
+  return s;
+}
+
+// Edits the metadata as JSON and re-signs it the documented way: erase index_xxh3, compact dump,
+// xxh3-64, 16 lowercase hex digits.
+std::string edit(const std::string& text, const std::function<void(json&)>& fn) {
+  json j = json::parse(text);
+  j.erase("index_xxh3");
+  fn(j);
+  const std::string body = j.dump();
+  j["index_xxh3"] = hex16(checksum_bytes(body.data(), body.size()));
+  return j.dump();
+}
+
+json& tensor(json& j, const std::string& key) {
+  for (auto& t : j["tensors"])
+    if (t["key"] == key) return t;
+  throw std::runtime_error("no tensor " + key);
+}
+
+TEST(Metadata, RoundTrip) {
+  const CheckpointInfo in = small_info();
+  const std::string text = metadata_to_json(in);
+  auto out = metadata_from_json(text, kFileSize);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->format_version, 1);
+  EXPECT_EQ(out->library_version, "0.1.0");
+  EXPECT_EQ(out->step, 42);
+  EXPECT_EQ(out->data_file, "data.h5");
+  EXPECT_EQ(out->saved_sizes.tp, 2);
+  EXPECT_EQ(out->saved_sizes.dp, 1);
+  EXPECT_EQ(out->saved_sizes.pp, 1);
+  EXPECT_EQ(out->saved_coords, in.saved_coords);
+  EXPECT_EQ(out->attributes, in.attributes);
+  ASSERT_EQ(out->tensors.size(), 3u);
+  const std::vector<std::string> sorted = {"model/a", "model/empty", "optimizer/exp_avg/a"};
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(out->tensors[i].key, sorted[i]);
+  for (const auto& want : in.tensors) {
+    const TensorInfo* got = out->find(want.key);
+    ASSERT_NE(got, nullptr) << want.key;
+    EXPECT_EQ(got->dtype, want.dtype);
+    EXPECT_EQ(got->shape, want.shape);
+    EXPECT_EQ(got->nbytes, want.nbytes);
+    EXPECT_EQ(got->file_offset, want.file_offset);
+    ASSERT_EQ(got->regions.size(), want.regions.size());
+    for (size_t r = 0; r < want.regions.size(); ++r) {
+      EXPECT_EQ(got->regions[r].shard, want.regions[r].shard);
+      EXPECT_EQ(got->regions[r].writer_rank, want.regions[r].writer_rank);
+      EXPECT_EQ(got->regions[r].checksum, want.regions[r].checksum);
+    }
+  }
+  EXPECT_EQ(out->total_bytes(), 144u);
+
+  // The documented fields and their JSON types.
+  const json j = json::parse(text);
+  EXPECT_EQ(j["format"], "h5ckpt");
+  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_TRUE(j["index_xxh3"].is_string());
+  EXPECT_EQ(j["index_xxh3"].get<std::string>().size(), 16u);
+  EXPECT_EQ(j["topology"]["world"], 2);
+  EXPECT_EQ(j["topology"]["coords"], json::parse("[[0,0,0],[1,0,0]]"));
+  const json& ja = j["tensors"][1];
+  EXPECT_EQ(ja["key"], "model/a");
+  EXPECT_EQ(ja["dtype"], "f32");
+  EXPECT_FALSE(ja["regions"][0].contains("flat"));
+  EXPECT_EQ(ja["regions"][0]["xxh3"], "0000000000001111");
+  EXPECT_FALSE(ja["regions"][1].contains("xxh3"));
+  EXPECT_EQ(j["tensors"][0]["regions"][1]["flat"], json::parse("[10,24]"));
+}
+
+TEST(Metadata, ReSigningIsIdentityAndEditsNeedIt) {
+  const std::string text = metadata_to_json(small_info());
+  // Our independent re-signing reproduces the library's text exactly.
+  EXPECT_EQ(edit(text, [](json&) {}), text);
+  // An edit without re-signing is caught by the self-checksum.
+  json j = json::parse(text);
+  j["step"] = 43;
+  auto r = metadata_from_json(j.dump(), kFileSize);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(r.status().message().find("checksum"), std::string::npos) << r.status().message();
+  // The same edit re-signed is accepted.
+  auto ok = metadata_from_json(edit(text, [](json& j) { j["step"] = 43; }), kFileSize);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->step, 43);
+}
+
+struct Corruption {
+  const char* name;
+  std::function<void(json&)> fn;
+  const char* needle;  // expected in the message
+};
+
+TEST(Metadata, MalformedVariantsRejectedAsCorrupt) {
+  const std::string text = metadata_to_json(small_info());
+  const std::vector<Corruption> cases = {
+      {"region outside shape", [](json& j) { tensor(j, "model/a")["regions"][1]["offset"] = {3, 0}; }, "outside"},
+      {"overlapping regions", [](json& j) { tensor(j, "model/a")["regions"][1]["offset"] = {1, 0}; }, "overlap"},
+      {"overlapping flat ranges",
+       [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {9, 23}; }, "overlap"},
+      {"incomplete coverage", [](json& j) { tensor(j, "model/a")["regions"][1]["shape"] = {1, 6}; }, "cover"},
+      {"incomplete flat coverage",
+       [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {11, 24}; }, "cover"},
+      {"nbytes mismatch", [](json& j) { tensor(j, "model/a")["nbytes"] = 95; }, "nbytes"},
+      {"dataset beyond file", [](json& j) { tensor(j, "optimizer/exp_avg/a")["file_offset"] = kFileSize - 40; },
+       "outside the data file"},
+      {"negative file offset", [](json& j) { tensor(j, "model/a")["file_offset"] = -8; }, "outside the data file"},
+      {"datasets overlap in file",
+       [](json& j) { tensor(j, "optimizer/exp_avg/a")["file_offset"] = (1 << 20) + 64; }, "overlap"},
+      {"unknown dtype", [](json& j) { tensor(j, "model/a")["dtype"] = "f12"; }, "f12"},
+      {"negative writer", [](json& j) { tensor(j, "model/a")["regions"][0]["writer"] = -1; }, "writer"},
+      {"writer beyond world", [](json& j) { tensor(j, "model/a")["regions"][0]["writer"] = 2; }, "writer"},
+      {"region listed twice",
+       [](json& j) {
+         auto& regs = tensor(j, "model/a")["regions"];
+         regs.push_back(regs[0]);
+       },
+       "twice"},
+      {"flat range beyond box",
+       [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {10, 25}; }, "flat range"},
+      {"malformed flat", [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {10}; }, "flat"},
+      {"negative extent", [](json& j) { tensor(j, "model/a")["shape"] = {-4, 6}; }, "shape"},
+      {"malformed region checksum", [](json& j) { tensor(j, "model/a")["regions"][0]["xxh3"] = "XYZ"; }, "checksum"},
+      {"duplicate tensor", [](json& j) { j["tensors"].push_back(tensor(j, "model/empty")); }, "twice"},
+      {"reserved key", [](json& j) { tensor(j, "model/empty")["key"] = "meta/x"; }, "reserved"},
+      {"wrong format name", [](json& j) { j["format"] = "other"; }, "format"},
+      {"missing tensors", [](json& j) { j.erase("tensors"); }, "tensor"},
+      {"missing topology", [](json& j) { j.erase("topology"); }, "topology"},
+      {"other data file", [](json& j) { j["data_file"] = "../x.h5"; }, "data_file"},
+      {"shape as string", [](json& j) { tensor(j, "model/a")["shape"] = "4,6"; }, "shape"},
+  };
+  for (const auto& c : cases) {
+    auto r = metadata_from_json(edit(text, c.fn), kFileSize);
+    ASSERT_FALSE(r.ok()) << c.name << ": accepted";
+    EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt) << c.name << ": " << r.status().to_string();
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << c.name << ": message '" << r.status().message() << "' lacks '" << c.needle << "'";
+  }
+  // Damaged or truncated text, and a file too small for the recorded datasets.
+  for (const std::string& bad : {text.substr(0, text.size() / 2), std::string("[]"), std::string(""),
+                                 std::string("{\"format\":\"h5ckpt\"}")}) {
+    auto r = metadata_from_json(bad, kFileSize);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt) << r.status().to_string();
+  }
+  auto truncated = metadata_from_json(text, (2u << 20) + 40);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_EQ(truncated.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(truncated.status().message().find("optimizer/exp_avg/a"), std::string::npos);
+}
+
+TEST(Metadata, UnknownFieldsIgnored) {
+  const CheckpointInfo in = small_info();
+  const std::string text = metadata_to_json(in);
+  const std::string extended = edit(text, [](json& j) {
+    j["future_index"] = {{"kind", "bloom"}, {"bits", 1024}};
+    j["topology"]["ep"] = 4;
+    j["attributes"]["numeric"] = 7;  // non-string attributes are skipped
+    tensor(j, "model/a")["compression"] = "none";
+    tensor(j, "model/a")["regions"][0]["crc32c"] = "abcd";
+  });
+  auto out = metadata_from_json(extended, kFileSize);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->tensors.size(), 3u);
+  EXPECT_EQ(out->attributes, in.attributes);
+  ASSERT_NE(out->find("model/a"), nullptr);
+  EXPECT_EQ(out->find("model/a")->regions[0].checksum, 0x1111u);
+}
+
+TEST(Metadata, NonUtf8AttributeDoesNotThrow) {
+  // Checkpointer::set_attribute takes any std::string. Serializing the metadata runs on the
+  // coordinator inside the collective commit, so it must not throw (an exception there leaves the
+  // other ranks waiting in the agreement).
+  CheckpointInfo info = small_info();
+  info.attributes["blob"] = std::string("\xff\xfe not UTF-8");
+  std::string text;
+  EXPECT_NO_THROW(text = metadata_to_json(info));
+}
+
+TEST(Metadata, NewerFormatVersionUnsupported) {
+  const std::string text = metadata_to_json(small_info());
+  auto r = metadata_from_json(edit(text, [](json& j) { j["format_version"] = 2; }), kFileSize);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace h5ckpt::storage
