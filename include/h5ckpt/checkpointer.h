@@ -41,12 +41,27 @@ struct LoadOptions {
 
 /// Settings of a Checkpointer that outlive one call.
 struct CheckpointerOptions {
+  /// save_async snapshots and returns; false makes it save synchronously (same results).
+  bool async = true;
   /// Bound of the host staging pool used by save_async, allocated once and reused. 0: sized to
   /// the largest save so far (every async save snapshots fully). When a save's bytes exceed the
   /// bound, save_async blocks until the writer has drained enough (see SaveReport::blocked_bytes).
   uint64_t staging_bytes = 0;
   /// Largest single HDF5 write; regions are split into pieces of at most this many bytes.
   uint64_t max_piece_bytes = 256ull << 20;
+  /// Datasets of at least this many bytes start at a multiple of it in the data file (HDF5
+  /// H5Pset_alignment); 1 MiB suits striped parallel file systems. 0 or 1: no alignment.
+  uint64_t alignment = 1ull << 20;
+  /// MPI-IO hints passed to the parallel HDF5 file (e.g. romio_cb_write=enable, cb_nodes=4,
+  /// striping_factor=8 on Lustre). Unknown hints are ignored by MPI.
+  std::map<std::string, std::string> mpi_hints;
+  /// Threads reading from storage during a load (each with its own file handle).
+  int io_threads = 2;
+  /// Write per-rank phase timings and bytes of every save/load as JSON (see metrics_dir).
+  bool metrics = true;
+  /// Directory for the metrics files; empty: beside the checkpoint, as <checkpoint>.save.json
+  /// and <checkpoint>.load.json.
+  std::string metrics_dir;
 };
 
 /// Per-call figures of this rank.

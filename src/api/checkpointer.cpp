@@ -40,23 +40,24 @@ void Checkpointer::wait_pending() {
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
   wait_pending();
   return engine::save(impl_->topology->impl(), state, path, options, impl_->attributes, impl_->plan_cache,
-                      impl_->options.max_piece_bytes);
+                      impl_->options);
 }
 
 Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::string& path,
                                             const SaveOptions& options) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
-  if (level < MPI_THREAD_MULTIPLE) {
+  if (level < MPI_THREAD_MULTIPLE && impl_->options.async) {
     static std::once_flag warned;
     std::call_once(warned, [] {
       metrics::log().warn("MPI was not initialized with MPI_THREAD_MULTIPLE: save_async runs synchronously");
     });
-    auto r = save(state, path, options);
+  }
+  if (!impl_->options.async || level < MPI_THREAD_MULTIPLE) {  // same call, synchronous
     auto done = std::make_shared<SaveHandle::State>();
+    done->result = save(state, path, options);
     done->done = true;
     done->observed = true;
-    done->result = std::move(r);
     return SaveHandle(done);
   }
   return impl_->async.start(state, path, options, impl_->attributes, impl_->plan_cache);
@@ -64,7 +65,9 @@ Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::s
 
 Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
   wait_pending();
-  return engine::load(impl_->topology->impl(), state, path, options, impl_->load_cache);
+  auto r = engine::load(impl_->topology->impl(), state, path, options, impl_->options, impl_->load_cache);
+  if (r.ok()) engine::record_metrics(impl_->topology->impl(), impl_->options, *r);
+  return r;
 }
 
 void Checkpointer::set_attribute(const std::string& name, const std::string& value) {

@@ -102,8 +102,18 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   auto st = std::make_shared<SaveHandle::State>();
   auto source = std::make_shared<StagedSource>(pool_);
   const Topology::Impl& io = *io_comms_;
-  worker_ = std::thread([st, source, plan, path, options, attributes, report, &io] {
-    auto result = write_and_commit(io, *plan, path, options, attributes, *source, report);
+  const CheckpointerOptions copts = options_;
+  worker_ = std::thread([st, source, plan, path, options, copts, attributes, report, &io] {
+    auto result = write_and_commit(io, *plan, path, options, copts, attributes, *source, report);
+    if (result.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(st->mu);  // the snapshot figures are final by now
+        result->snapshot_s = st->snapshot_s;
+        result->blocked_bytes = st->blocked_bytes;
+      }
+      result->total_s = result->plan_s + result->snapshot_s + result->write_s + result->commit_s;
+      record_metrics(io, copts, *result);
+    }
     std::lock_guard<std::mutex> lock(st->mu);
     st->result = std::move(result);
     st->done = true;
@@ -124,12 +134,12 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     }
     source->push(p);
   }
-  source->close();
   {
-    std::lock_guard<std::mutex> lock(st->mu);
+    std::lock_guard<std::mutex> lock(st->mu);  // before close(): the writer cannot finish earlier
     st->snapshot_s = now_s() - t_snap;
     st->blocked_bytes = blocked;
   }
+  source->close();
   if (blocked)
     metrics::log().warn("staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
                         "waiting for the writer", pool_.capacity(), blocked);
@@ -152,12 +162,7 @@ Result<SaveReport> SaveHandle::wait() {
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   state_->observed = true;
-  if (!state_->result.ok()) return state_->result;
-  SaveReport r = state_->result.value();
-  r.snapshot_s = state_->snapshot_s;
-  r.blocked_bytes = state_->blocked_bytes;
-  r.total_s = r.plan_s + r.snapshot_s + r.write_s + r.commit_s;
-  return r;
+  return state_->result;
 }
 
 }  // namespace h5ckpt

@@ -60,13 +60,14 @@ Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& st
 /// even after a failure. Every rank returns the same Status.
 Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
                                     const std::string& path, const SaveOptions& options,
+                                    const CheckpointerOptions& copts,
                                     const std::map<std::string, std::string>& attributes, PieceSource& source,
                                     SaveReport report);
 
 /// Synchronous save: prepare_save, then write_and_commit straight from the caller's buffers.
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, uint64_t max_piece_bytes);
+                        PlanCache& cache, const CheckpointerOptions& copts);
 
 /// What one rank does for one of its items in a load.
 enum class Role : int32_t { kSkip = 0, kRead = 1, kReceive = 2 };
@@ -89,6 +90,10 @@ struct LoadPlanCache {
 
 /// Collective load over topo.world (see Checkpointer::load).
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
-                        const LoadOptions& options, LoadPlanCache& cache);
+                        const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache);
+
+/// Writes the metrics file of a finished save/load when enabled (collective; never fails the op).
+void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r);
+void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const LoadReport& r);
 
 }  // namespace h5ckpt::engine

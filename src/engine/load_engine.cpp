@@ -3,7 +3,11 @@
 // (zero-redundancy loading); each reader reads exactly the boxes it wants at recorded offsets.
 #include <xxhash.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 
 #include "comm/transport.h"
@@ -172,7 +176,7 @@ Result<std::vector<ItemRole>> plan_roles(const Topology::Impl& topo, const State
 }  // namespace
 
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
-                        const LoadOptions& options, LoadPlanCache& cache) {
+                        const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache) {
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
   LoadReport report;
@@ -270,12 +274,51 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     if (local.ok() && !s.ok()) local = s;
     report.bytes_received += bytes_of(it);
   }
-  for (size_t i : order) {
-    if (roles[i].role != Role::kRead) continue;
+  // Reader threads (own file handles) read ahead in group order; this thread posts each item's
+  // sends as soon as it is complete, so transfers overlap the remaining reads.
+  std::vector<size_t> reads;
+  for (size_t i : order)
+    if (roles[i].role == Role::kRead) reads.push_back(i);
+  std::vector<Status> read_status(reads.size());
+  std::vector<char> read_done(reads.size(), 0);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> extra_bytes{0};
+  const std::string data_file = (fs::path(report.path) / storage::kDataFileName).string();
+  auto worker = [&](storage::RegionReader* rdr) {
+    std::optional<storage::RegionReader> own;
+    Status open_st;
+    if (!rdr) {
+      auto o = storage::RegionReader::open(data_file);
+      if (o.ok()) own.emplace(std::move(o).value());
+      else open_st = o.status();
+      rdr = own ? &*own : nullptr;
+    }
+    for (size_t k; (k = next.fetch_add(1)) < reads.size();) {
+      StateItem& it = state.items()[reads[k]];
+      Status s = rdr ? read_item(info, *rdr, it) : open_st;
+      std::lock_guard<std::mutex> lock(mu);
+      read_status[k] = s.ok() ? s : s.with_context("key '" + it.key + "'");
+      read_done[k] = 1;
+      cv.notify_all();
+    }
+    if (own) extra_bytes += own->bytes_read();
+  };
+  std::vector<std::thread> helpers;
+  if (local.ok()) {
+    const int threads = std::max(1, std::min<int>(copts.io_threads, static_cast<int>(reads.size())));
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(worker, nullptr);
+  }
+  std::thread main_reader;
+  if (local.ok()) main_reader = std::thread(worker, &*reader);
+  for (size_t k = 0; k < reads.size(); ++k) {
+    const size_t i = reads[k];
     StateItem& it = state.items()[i];
-    if (local.ok()) {
-      local = read_item(info, *reader, it);
-      if (!local.ok()) local = local.with_context("key '" + it.key + "'");
+    if (main_reader.joinable()) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return read_done[k] != 0; });
+      if (local.ok() && !read_status[k].ok()) local = read_status[k];
     }
     // Send even after a failure, so the receivers are not left waiting; the agreement below
     // fails the whole load anyway.
@@ -286,11 +329,13 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     }
     (void)transport->progress();
   }
+  if (main_reader.joinable()) main_reader.join();
+  for (auto& h : helpers) h.join();
   const double t_read = now_s();
   report.read_s = t_read - t_plan;
   Status done = transport->wait_all();
   if (local.ok()) local = done;
-  report.bytes_read = reader ? reader->bytes_read() : 0;
+  report.bytes_read = (reader ? reader->bytes_read() : 0) + extra_bytes.load();
   H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
   const double t_end = now_s();
   report.exchange_s = t_end - t_read;

@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "engine/plan_codec.h"
 #include "metrics/log.h"
+#include "metrics/report.h"
 #include "storage/commit.h"
 #include "storage/h5_writer.h"
 #include "storage/metadata.h"
@@ -147,6 +148,7 @@ void drain(PieceSource& source) {
 
 Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
                                     const std::string& path, const SaveOptions& options,
+                                    const CheckpointerOptions& copts,
                                     const std::map<std::string, std::string>& attributes, PieceSource& source,
                                     SaveReport report) {
   const double t0 = now_s();
@@ -182,7 +184,8 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   std::vector<int64_t> offsets;
   {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
-    auto writer = storage::ParallelWriter::create((fs::path(temp) / storage::kDataFileName).string(), world, tensors);
+    auto writer = storage::ParallelWriter::create((fs::path(temp) / storage::kDataFileName).string(), world, tensors,
+                                                  copts.alignment, copts.mpi_hints);
     if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a, temp);
     Status local;
     XXH3_state_t* hs = XXH3_createState();
@@ -274,18 +277,33 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
 
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, uint64_t max_piece_bytes) {
+                        PlanCache& cache, const CheckpointerOptions& copts) {
   const double t0 = now_s();
   SaveReport report;
   auto plan = prepare_save(topo, state, cache, report);
   if (!plan.ok()) return plan.status().with_context("save '" + path + "'");
-  DirectSource source(my_pieces(topo.world.rank(), **plan, state, max_piece_bytes));
-  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, **plan, path, options, attributes, source, report));
+  DirectSource source(my_pieces(topo.world.rank(), **plan, state, copts.max_piece_bytes));
+  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, **plan, path, options, copts, attributes, source, report));
   report.total_s = now_s() - t0;
+  record_metrics(topo, copts, report);
   metrics::log().info("saved '{}': {} bytes written here, plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
                       report.path, report.bytes_written, report.plan_s, report.plan_cached ? " (cached)" : "",
                       report.write_s, report.commit_s);
   return report;
+}
+
+void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r) {
+  if (!copts.metrics) return;
+  const Status st = metrics::write_metrics(comms, "save", r.path, metrics::metrics_path(r.path, "save", copts.metrics_dir),
+                                           metrics::from_report(r));
+  if (!st.ok()) metrics::log().warn("could not write save metrics: {}", st.to_string());
+}
+
+void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const LoadReport& r) {
+  if (!copts.metrics) return;
+  const Status st = metrics::write_metrics(comms, "load", r.path, metrics::metrics_path(r.path, "load", copts.metrics_dir),
+                                           metrics::from_report(r));
+  if (!st.ok()) metrics::log().warn("could not write load metrics: {}", st.to_string());
 }
 
 }  // namespace h5ckpt::engine

@@ -5,15 +5,22 @@
 namespace h5ckpt::storage {
 
 Result<ParallelWriter> ParallelWriter::create(const std::string& file, MPI_Comm comm,
-                                              const std::vector<planner::TensorPlan>& tensors) {
+                                              const std::vector<planner::TensorPlan>& tensors, uint64_t alignment,
+                                              const std::map<std::string, std::string>& mpi_hints) {
   hdf5_quiet();
   ParallelWriter w;
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
-  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  MPI_Info info = MPI_INFO_NULL;
+  if (!mpi_hints.empty()) {
+    MPI_Info_create(&info);
+    for (const auto& [k, v] : mpi_hints) MPI_Info_set(info, k.c_str(), v.c_str());
+  }
+  H5Pset_fapl_mpio(fapl.get(), comm, info);  // HDF5 keeps its own copy of the info
+  if (info != MPI_INFO_NULL) MPI_Info_free(&info);
   // Metadata writes go through rank 0 collectively, instead of every rank touching the file.
   H5Pset_coll_metadata_write(fapl.get(), true);
-  // Alignment keeps large datasets on 1 MiB boundaries, friendlier to striped file systems.
-  H5Pset_alignment(fapl.get(), 1 << 20, 1 << 20);
+  // Large datasets start on alignment boundaries, friendlier to striped file systems.
+  if (alignment > 1) H5Pset_alignment(fapl.get(), alignment, alignment);
   w.file_ = Hid(H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!w.file_.valid()) return h5_error("cannot create HDF5 file '" + file + "'");
 

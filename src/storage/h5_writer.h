@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,7 +19,8 @@ class ParallelWriter {
   /// Creates `file` and every dataset of `tensors` (with its dtype attribute).
   /// Collective over `comm`; call with the lock from hdf5_lock() held.
   static Result<ParallelWriter> create(const std::string& file, MPI_Comm comm,
-                                       const std::vector<planner::TensorPlan>& tensors);
+                                       const std::vector<planner::TensorPlan>& tensors, uint64_t alignment,
+                                       const std::map<std::string, std::string>& mpi_hints);
 
   /// Byte offset of each dataset in the file (-1 for empty tensors); the same on all ranks.
   const std::vector<int64_t>& offsets() const { return offsets_; }

@@ -1,0 +1,33 @@
+// Per-rank phase timings and byte counts of one save or load, gathered into one JSON file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/topology_impl.h"
+#include "h5ckpt/checkpointer.h"
+
+namespace h5ckpt::metrics {
+
+/// Phase timings (seconds) and byte counts of this rank, in display order.
+struct RankMetrics {
+  std::vector<std::pair<std::string, double>> phases;
+  std::vector<std::pair<std::string, uint64_t>> bytes;
+};
+
+RankMetrics from_report(const SaveReport& r);
+RankMetrics from_report(const LoadReport& r);
+
+/// Where the metrics of `op` ("save"/"load") on checkpoint `ckpt_dir` go: `dir`/<name>.<op>.json,
+/// or beside the checkpoint when `dir` is empty.
+std::string metrics_path(const std::string& ckpt_dir, const std::string& op, const std::string& dir);
+
+/// Gathers every rank's metrics to the coordinator, which writes one JSON document:
+/// {"op", "checkpoint", "world", "topology", "ranks": [{"rank", "coords", "phases", "bytes"}]}.
+/// Collective over comms.world; a failure to write is returned but must not fail the save/load.
+Status write_metrics(const Topology::Impl& comms, const std::string& op, const std::string& ckpt_dir,
+                     const std::string& out_path, const RankMetrics& mine);
+
+}  // namespace h5ckpt::metrics
