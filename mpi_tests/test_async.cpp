@@ -94,6 +94,25 @@ TEST_F(Async, SmallStagingPoolBlocksForWhatDoesNotFitAndStaysCorrect) {
   expect_same(root_ + "/small", root_ + "/ref");
 }
 
+TEST_F(Async, HdfWritePathAndDirectWritesGiveTheSameFile) {
+  // The same state through HDF5's MPI-IO writes and through direct positioned writes.
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  CheckpointerOptions via_hdf5;
+  via_hdf5.direct_writes = false;
+  via_hdf5.max_piece_bytes = 100;  // many pieces per region on both paths
+  Checkpointer a(*topo_, via_hdf5);
+  ASSERT_TRUE(a.save(model.state(), root_ + "/hdf5").ok());
+  CheckpointerOptions direct;
+  direct.max_piece_bytes = 100;
+  Checkpointer b(*topo_, direct);
+  ASSERT_TRUE(b.save(model.state(), root_ + "/direct").ok());
+  expect_same(root_ + "/hdf5", root_ + "/direct");
+  h5ckpt::testing::TestModel loaded(L_, topo_->coords(), false);
+  ASSERT_TRUE(b.load(loaded.state(), root_ + "/hdf5").ok());
+  std::string first;
+  EXPECT_EQ(loaded.count_mismatches(&first), 0) << first;
+}
+
 TEST_F(Async, PlanIsCachedUntilTheStructureChanges) {
   h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
   Checkpointer ck(*topo_);

@@ -47,7 +47,12 @@ struct CheckpointerOptions {
   /// the largest save so far (every async save snapshots fully). When a save's bytes exceed the
   /// bound, save_async blocks until the writer has drained enough (see SaveReport::blocked_bytes).
   uint64_t staging_bytes = 0;
-  /// Largest single HDF5 write; regions are split into pieces of at most this many bytes.
+  /// How tensor bytes reach the file. true: parallel HDF5 creates the file and its datasets
+  /// collectively, then each rank writes its pieces with positioned writes at the dataset
+  /// offsets HDF5 allocated, and fsyncs (fast path). false: independent H5Dwrite calls through
+  /// HDF5's MPI-IO driver. Both produce the same file.
+  bool direct_writes = true;
+  /// Largest single write; regions are split into pieces of at most this many bytes.
   uint64_t max_piece_bytes = 256ull << 20;
   /// Datasets of at least this many bytes start at a multiple of it in the data file (HDF5
   /// H5Pset_alignment); 1 MiB suits striped parallel file systems. 0 or 1: no alignment.

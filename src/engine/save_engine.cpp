@@ -11,6 +11,7 @@
 #include "metrics/log.h"
 #include "metrics/report.h"
 #include "storage/commit.h"
+#include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
 #include "storage/metadata.h"
 #include "util/bytes.h"
@@ -180,37 +181,62 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
 
   // Phase 3: datasets created collectively; each rank then writes its pieces independently
   // (no per-tensor collective), checksumming each region as its pieces stream by.
+  const std::string data_file = (fs::path(temp) / storage::kDataFileName).string();
   std::vector<std::tuple<int, int, uint64_t>> sums;  // (tensor, region, xxh3)
   std::vector<int64_t> offsets;
+  std::optional<storage::ParallelWriter> h5writer;
+  std::optional<storage::DirectWriter> direct;
   {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
-    auto writer = storage::ParallelWriter::create((fs::path(temp) / storage::kDataFileName).string(), world, tensors,
-                                                  copts.alignment, copts.mpi_hints);
+    auto writer = storage::ParallelWriter::create(data_file, world, tensors, copts.alignment, copts.mpi_hints);
     if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a, temp);
-    Status local;
-    XXH3_state_t* hs = XXH3_createState();
-    bool region_open = false;
-    while (auto piece = source.next()) {
-      if (local.ok()) {
-        if (options.checksums) {
-          if (!region_open) XXH3_64bits_reset(hs);
-          XXH3_64bits_update(hs, piece->data, piece->bytes);
-          region_open = !piece->region_end;
-        }
-        local = writer->write(piece->tensor, &piece->shard, piece->data)
-                    .with_context("key '" + tensors[piece->tensor].key + "'");
-        report.bytes_written += piece->bytes;
-        if (piece->region_end)
-          sums.emplace_back(piece->tensor, piece->region, options.checksums ? XXH3_64bits_digest(hs) : 0);
-      }
-      source.done(*piece);
-    }
-    XXH3_freeState(hs);
-    Status closed = writer->close();
-    if (local.ok()) local = closed;
     offsets = writer->offsets();
-    if (Status a = comm::agree(local, world); !a.ok()) return fail(a, temp);
+    h5writer.emplace(std::move(writer).value());
+    if (copts.direct_writes) {  // the file structure is complete: close it before raw writes
+      Status closed = h5writer->close();
+      h5writer.reset();
+      if (Status a = comm::agree(closed, world); !a.ok()) return fail(a, temp);
+    }
   }
+  Status local;
+  if (copts.direct_writes) {
+    auto d = storage::DirectWriter::open(data_file);
+    if (d.ok()) direct.emplace(std::move(d).value());
+    else local = d.status();
+  }
+  XXH3_state_t* hs = XXH3_createState();
+  bool region_open = false;
+  while (auto piece = source.next()) {
+    if (local.ok()) {
+      if (options.checksums) {
+        if (!region_open) XXH3_64bits_reset(hs);
+        XXH3_64bits_update(hs, piece->data, piece->bytes);
+        region_open = !piece->region_end;
+      }
+      const auto& t = tensors[piece->tensor];
+      if (direct) {
+        local = direct->write(offsets[piece->tensor], t.shape, t.dtype, piece->shard, piece->data);
+      } else {
+        std::lock_guard<std::mutex> lock(storage::hdf5_lock());
+        local = h5writer->write(piece->tensor, &piece->shard, piece->data);
+      }
+      local = local.with_context("key '" + t.key + "'");
+      report.bytes_written += piece->bytes;
+      if (piece->region_end)
+        sums.emplace_back(piece->tensor, piece->region, options.checksums ? XXH3_64bits_digest(hs) : 0);
+    }
+    source.done(*piece);
+  }
+  XXH3_freeState(hs);
+  if (direct) {
+    Status synced = direct->sync_and_close();
+    if (local.ok()) local = synced;
+  } else if (h5writer) {
+    std::lock_guard<std::mutex> lock(storage::hdf5_lock());
+    Status closed = h5writer->close();  // collective: flush (MPI_File_sync) and close
+    if (local.ok()) local = closed;
+  }
+  if (Status a = comm::agree(local, world); !a.ok()) return fail(a, temp);
   const double t_write = now_s();
   report.write_s = t_write - t0;
   for (const auto& t : tensors) {
@@ -257,7 +283,6 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
           info.tensors[t].regions[reg].checksum = sum;
       }
     }
-    const std::string data_file = (fs::path(temp) / storage::kDataFileName).string();
     const std::string json = st.ok() ? storage::metadata_to_json(info) : std::string();
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(storage::hdf5_lock());

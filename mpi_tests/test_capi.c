@@ -1,0 +1,367 @@
+/* The C API, compiled as C99: save with one layout, load with another, check every element;
+ * async save with snapshot semantics; metadata queries; error codes and texts.
+ * Runs at any rank count (registered at 1, 2, 4). Every rank runs every collective call and
+ * counts its failed checks; the counts are summed at the end, so a failing check never makes
+ * a rank skip a collective. */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "h5ckpt/h5ckpt.h"
+
+static int g_rank = 0, g_size = 1, g_failures = 0;
+
+#define CHECK(cond, ...)                                                     \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      ++g_failures;                                                          \
+      fprintf(stderr, "[rank %d] %s:%d: CHECK(%s) failed: ", g_rank, __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                          \
+      fprintf(stderr, "\n");                                                 \
+    }                                                                        \
+  } while (0)
+
+/* A call that must succeed; prints h5ckpt_last_error() otherwise. */
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    CHECK(rc_ == H5CKPT_OK, "%s -> %d (%s): %s", #call, rc_, h5ckpt_error_name(rc_), h5ckpt_last_error()); \
+  } while (0)
+
+/* Independent expectations: the value of each global element. */
+static float w_value(int64_t i, int64_t j) { return (float)(100 * i + j) + 0.5f; } /* W [7,10] f32 */
+static double b_value(int64_t k) { return 0.25 * (double)k - 1.0; }                /* B [13] f64 */
+static int64_t m_value(int64_t i, int64_t j, int64_t k) {                          /* M [4,3,5] i64 */
+  return (i * 1000 + j * 100 + k) * 1000000007LL;
+}
+static float h_value(int64_t i, int64_t j) { return (float)(i * 4 + j) - 11.0f; } /* H [6,4] bf16 */
+static const char kBlob[] = "h5ckpt-capi";
+
+/* bfloat16 bits of a float that is exactly representable (small integers here). */
+static uint16_t bf16_bits(float v) {
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  return (uint16_t)(b >> 16);
+}
+
+/* Even split of n into parts: [*begin, *begin + *len) of part p. */
+static void split(int64_t n, int parts, int p, int64_t* begin, int64_t* len) {
+  int64_t base = n / parts, extra = n % parts;
+  *begin = p * base + (p < extra ? p : extra);
+  *len = base + (p < extra ? 1 : 0);
+}
+
+static int rm_entry(const char* path, const struct stat* sb, int flag, struct FTW* ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+/* Saves W, B, M, H and a blob under a TP-only grid (rows, flat ranges, replicas, columns). */
+static void save_tp_layout(const char* path) {
+  h5ckpt_topology_t* topo = NULL;
+  h5ckpt_checkpointer_t* ck = NULL;
+  h5ckpt_state_t* st = NULL;
+  OK(h5ckpt_topology_create(MPI_COMM_WORLD, g_size, 1, 1, &topo));
+  int tp = -1, dp = -1, pp = -1;
+  OK(h5ckpt_topology_coords(topo, &tp, &dp, &pp));
+  CHECK(tp == g_rank && dp == 0 && pp == 0, "coords %d %d %d", tp, dp, pp);
+  OK(h5ckpt_checkpointer_create(topo, 0, &ck));
+  OK(h5ckpt_checkpointer_set_attribute(ck, "writer", "test_capi"));
+  OK(h5ckpt_state_create(&st));
+
+  const int64_t w_shape[2] = {7, 10}, b_shape[1] = {13}, m_shape[3] = {4, 3, 5}, h_shape[2] = {6, 4};
+  int64_t r0, nr, b0, nb, c0, nc;
+  split(7, g_size, tp, &r0, &nr); /* W: rows */
+  float* w = malloc(sizeof(float) * (size_t)(nr * 10 + 1));
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < 10; ++j) w[i * 10 + j] = w_value(r0 + i, j);
+  const int64_t w_off[2] = {r0, 0}, w_len[2] = {nr, 10};
+  OK(h5ckpt_state_add_sharded(st, "model/w", H5CKPT_F32, 2, w_shape, w_off, w_len, w));
+
+  split(13, g_size, tp, &b0, &nb); /* B: flat range */
+  double* b = malloc(sizeof(double) * (size_t)(nb + 1));
+  for (int64_t k = 0; k < nb; ++k) b[k] = b_value(b0 + k);
+  OK(h5ckpt_state_add_flat(st, "model/b", H5CKPT_F64, 1, b_shape, b0, b0 + nb, b));
+
+  int64_t m[4 * 3 * 5]; /* M: replicated on every rank (written once) */
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t k = 0; k < 5; ++k) m[(i * 3 + j) * 5 + k] = m_value(i, j, k);
+  OK(h5ckpt_state_add_replicated(st, "optimizer/m", H5CKPT_I64, 3, m_shape, m));
+
+  split(4, g_size, tp, &c0, &nc); /* H: columns, bf16 */
+  uint16_t* h = malloc(sizeof(uint16_t) * (size_t)(6 * nc + 1));
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t j = 0; j < nc; ++j) h[i * nc + j] = bf16_bits(h_value(i, c0 + j));
+  const int64_t h_off[2] = {0, c0}, h_len[2] = {6, nc};
+  OK(h5ckpt_state_add_sharded(st, "model/h_bf16", H5CKPT_BF16, 2, h_shape, h_off, h_len, h));
+
+  char blob[sizeof kBlob];
+  memcpy(blob, kBlob, sizeof kBlob);
+  OK(h5ckpt_state_add_bytes(st, "extra/blob", blob, sizeof kBlob));
+  CHECK(h5ckpt_state_size(st) == 5, "state size %zu", h5ckpt_state_size(st));
+
+  h5ckpt_save_options_t opt;
+  h5ckpt_save_options_init(&opt);
+  CHECK(opt.checksums == 1 && opt.overwrite == 0 && opt.update_latest == 1 && opt.step == -1, "defaults");
+  opt.step = 42;
+  OK(h5ckpt_save(ck, st, path, &opt));
+  /* Saving again to the same path without overwrite is refused on every rank. */
+  int rc = h5ckpt_save(ck, st, path, &opt);
+  CHECK(rc == H5CKPT_ALREADY_EXISTS, "second save -> %d (%s)", rc, h5ckpt_last_error());
+  CHECK(strstr(h5ckpt_last_error(), "already exists") != NULL, "text: %s", h5ckpt_last_error());
+
+  h5ckpt_state_free(st);
+  h5ckpt_checkpointer_free(ck);
+  h5ckpt_topology_free(topo);
+  free(w);
+  free(b);
+  free(h);
+}
+
+/* Loads under a DP-only grid with other shards: W by reversed columns, B whole, M along dim 2,
+ * H as f32 flat ranges (bf16 -> f32 conversion), the blob; checks every element. */
+static void load_dp_layout(const char* path) {
+  h5ckpt_topology_t* topo = NULL;
+  h5ckpt_checkpointer_t* ck = NULL;
+  h5ckpt_state_t* st = NULL;
+  OK(h5ckpt_topology_create(MPI_COMM_WORLD, 1, g_size, 1, &topo));
+  OK(h5ckpt_checkpointer_create(topo, 0, &ck));
+  OK(h5ckpt_state_create(&st));
+  const int part = g_size - 1 - g_rank; /* reversed: no rank reads what it wrote */
+
+  const int64_t w_shape[2] = {7, 10}, b_shape[1] = {13}, m_shape[3] = {4, 3, 5}, h_shape[2] = {6, 4};
+  int64_t c0, nc, k0, nk, f0, nf;
+  split(10, g_size, part, &c0, &nc);
+  float* w = malloc(sizeof(float) * (size_t)(7 * nc + 1));
+  for (int64_t x = 0; x < 7 * nc; ++x) w[x] = -999.0f;
+  const int64_t w_off[2] = {0, c0}, w_len[2] = {7, nc};
+  OK(h5ckpt_state_add_sharded(st, "model/w", H5CKPT_F32, 2, w_shape, w_off, w_len, w));
+
+  double b[13];
+  for (int k = 0; k < 13; ++k) b[k] = -999.0;
+  OK(h5ckpt_state_add_replicated(st, "model/b", H5CKPT_F64, 1, b_shape, b));
+
+  split(5, g_size, part, &k0, &nk);
+  int64_t* m = malloc(sizeof(int64_t) * (size_t)(12 * nk + 1));
+  for (int64_t x = 0; x < 12 * nk; ++x) m[x] = -1;
+  const int64_t m_off[3] = {0, 0, k0}, m_len[3] = {4, 3, nk};
+  OK(h5ckpt_state_add_sharded(st, "optimizer/m", H5CKPT_I64, 3, m_shape, m_off, m_len, m));
+
+  split(24, g_size, part, &f0, &nf);
+  float* h = malloc(sizeof(float) * (size_t)(nf + 1));
+  for (int64_t x = 0; x < nf; ++x) h[x] = -999.0f;
+  OK(h5ckpt_state_add_flat(st, "model/h_bf16", H5CKPT_F32, 2, h_shape, f0, f0 + nf, h));
+
+  char blob[sizeof kBlob];
+  memset(blob, 0x55, sizeof blob);
+  OK(h5ckpt_state_add_bytes(st, "extra/blob", blob, sizeof blob));
+
+  OK(h5ckpt_load(ck, st, path, 1));
+
+  int bad = 0;
+  for (int64_t i = 0; i < 7; ++i)
+    for (int64_t j = 0; j < nc; ++j)
+      if (w[i * nc + j] != w_value(i, c0 + j) && bad++ < 5)
+        CHECK(0, "W[%lld,%lld] = %g, want %g", (long long)i, (long long)(c0 + j), w[i * nc + j], w_value(i, c0 + j));
+  for (int k = 0; k < 13; ++k)
+    if (b[k] != b_value(k) && bad++ < 10) CHECK(0, "B[%d] = %g, want %g", k, b[k], b_value(k));
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t k = 0; k < nk; ++k)
+        if (m[(i * 3 + j) * nk + k] != m_value(i, j, k0 + k) && bad++ < 15)
+          CHECK(0, "M[%lld,%lld,%lld] = %lld", (long long)i, (long long)j, (long long)(k0 + k),
+                (long long)m[(i * 3 + j) * nk + k]);
+  for (int64_t x = 0; x < nf; ++x)
+    if (h[x] != h_value((f0 + x) / 4, (f0 + x) % 4) && bad++ < 20)
+      CHECK(0, "H flat %lld = %g, want %g", (long long)(f0 + x), h[x], h_value((f0 + x) / 4, (f0 + x) % 4));
+  CHECK(memcmp(blob, kBlob, sizeof kBlob) == 0, "blob '%.*s'", (int)sizeof blob, blob);
+  CHECK(bad == 0, "%d wrong elements", bad);
+
+  /* strict: a key the checkpoint lacks fails on every rank, naming the key */
+  float extra[3] = {7, 7, 7};
+  const int64_t e_shape[1] = {3};
+  OK(h5ckpt_state_add_replicated(st, "model/missing", H5CKPT_F32, 1, e_shape, extra));
+  int rc = h5ckpt_load(ck, st, path, 1);
+  CHECK(rc == H5CKPT_NOT_FOUND, "strict load with a missing key -> %d (%s)", rc, h5ckpt_last_error());
+  CHECK(strstr(h5ckpt_last_error(), "model/missing") != NULL, "text names the key: %s", h5ckpt_last_error());
+  /* non-strict: loads the rest and leaves the missing key's buffer alone */
+  OK(h5ckpt_load(ck, st, path, 0));
+  CHECK(extra[0] == 7 && extra[1] == 7 && extra[2] == 7, "missing key's buffer untouched");
+
+  h5ckpt_state_free(st);
+  h5ckpt_checkpointer_free(ck);
+  h5ckpt_topology_free(topo);
+  free(w);
+  free(m);
+  free(h);
+}
+
+/* save_async under the DP grid (flat ranges of W + 1000), buffer clobbered right after the call
+ * returns; loaded under the TP grid by rows: the snapshot values must come back. */
+static void async_round_trip(const char* path) {
+  h5ckpt_topology_t* dp_topo = NULL;
+  h5ckpt_topology_t* tp_topo = NULL;
+  h5ckpt_checkpointer_t* ck = NULL;
+  h5ckpt_state_t* st = NULL;
+  h5ckpt_save_handle_t* handle = NULL;
+  OK(h5ckpt_topology_create(MPI_COMM_WORLD, 1, g_size, 1, &dp_topo));
+  OK(h5ckpt_checkpointer_create(dp_topo, 1 << 20, &ck));
+  OK(h5ckpt_state_create(&st));
+  const int64_t w_shape[2] = {7, 10};
+  int64_t f0, nf;
+  split(70, g_size, g_rank, &f0, &nf);
+  float* w = malloc(sizeof(float) * (size_t)(nf + 1));
+  for (int64_t x = 0; x < nf; ++x) w[x] = w_value((f0 + x) / 10, (f0 + x) % 10) + 1000.0f;
+  OK(h5ckpt_state_add_flat(st, "model/w", H5CKPT_F32, 2, w_shape, f0, f0 + nf, w));
+  h5ckpt_save_options_t opt;
+  h5ckpt_save_options_init(&opt);
+  opt.step = 7;
+  OK(h5ckpt_save_async(ck, st, path, &opt, &handle));
+  for (int64_t x = 0; x < nf; ++x) w[x] = -1.0f; /* after the snapshot: must not reach the file */
+  h5ckpt_state_free(st);                          /* allowed once save_async returned */
+  OK(h5ckpt_save_wait(handle));
+  int done = 0;
+  OK(h5ckpt_save_test(handle, &done));
+  CHECK(done == 1, "done after wait");
+  h5ckpt_save_handle_free(handle);
+  h5ckpt_checkpointer_free(ck);
+
+  OK(h5ckpt_topology_create(MPI_COMM_WORLD, g_size, 1, 1, &tp_topo));
+  OK(h5ckpt_checkpointer_create(tp_topo, 0, &ck));
+  OK(h5ckpt_state_create(&st));
+  int64_t r0, nr;
+  split(7, g_size, g_rank, &r0, &nr);
+  float* rows = malloc(sizeof(float) * (size_t)(nr * 10 + 1));
+  const int64_t off[2] = {r0, 0}, len[2] = {nr, 10};
+  OK(h5ckpt_state_add_sharded(st, "model/w", H5CKPT_F32, 2, w_shape, off, len, rows));
+  OK(h5ckpt_load(ck, st, path, 1));
+  int bad = 0;
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < 10; ++j)
+      if (rows[i * 10 + j] != w_value(r0 + i, j) + 1000.0f) ++bad;
+  CHECK(bad == 0, "%d wrong elements after the async round trip", bad);
+  h5ckpt_state_free(st);
+  h5ckpt_checkpointer_free(ck);
+  h5ckpt_topology_free(tp_topo);
+  h5ckpt_topology_free(dp_topo);
+  free(w);
+  free(rows);
+}
+
+static void check_info(const char* ckpt, const char* root) {
+  h5ckpt_info_t* info = NULL;
+  OK(h5ckpt_info_open(ckpt, &info));
+  CHECK(h5ckpt_info_num_tensors(info) == 5, "%zu tensors", h5ckpt_info_num_tensors(info));
+  static const char* keys[5] = {"extra/blob", "model/b", "model/h_bf16", "model/w", "optimizer/m"};
+  static const int dtypes[5] = {H5CKPT_U8, H5CKPT_F64, H5CKPT_BF16, H5CKPT_F32, H5CKPT_I64};
+  static const int ndims[5] = {1, 1, 2, 2, 3};
+  static const int64_t shapes[5][3] = {{sizeof kBlob}, {13}, {6, 4}, {7, 10}, {4, 3, 5}};
+  for (size_t t = 0; t < 5 && t < h5ckpt_info_num_tensors(info); ++t) {
+    const char* key = NULL;
+    const int64_t* shape = NULL;
+    int dtype = -1, ndim = -1;
+    OK(h5ckpt_info_tensor(info, t, &key, &dtype, &ndim, &shape));
+    CHECK(key && strcmp(key, keys[t]) == 0, "tensor %zu key %s", t, key ? key : "(null)");
+    CHECK(dtype == dtypes[t] && ndim == ndims[t], "%s dtype %d ndim %d", keys[t], dtype, ndim);
+    for (int d = 0; d < ndim && d < 3; ++d) CHECK(shape[d] == shapes[t][d], "%s dim %d = %lld", keys[t], d, (long long)shape[d]);
+    size_t idx = 99;
+    OK(h5ckpt_info_find(info, keys[t], &idx));
+    CHECK(idx == t, "find %s -> %zu", keys[t], idx);
+  }
+  CHECK(h5ckpt_info_find(info, "model/nope", NULL) == H5CKPT_NOT_FOUND, "find of a missing key");
+  CHECK(h5ckpt_info_tensor(info, 5, NULL, NULL, NULL, NULL) == H5CKPT_INVALID_ARGUMENT, "index out of range");
+  CHECK(h5ckpt_info_step(info) == 42, "step %lld", (long long)h5ckpt_info_step(info));
+  int tp = 0, dp = 0, pp = 0;
+  OK(h5ckpt_info_topology(info, &tp, &dp, &pp));
+  CHECK(tp == g_size && dp == 1 && pp == 1, "saved topology %d %d %d", tp, dp, pp);
+  OK(h5ckpt_info_verify(info));
+  h5ckpt_info_free(info);
+
+  /* The root's `latest` names the async checkpoint (saved last, step 7). */
+  OK(h5ckpt_info_open(root, &info));
+  CHECK(h5ckpt_info_step(info) == 7, "latest step %lld", (long long)h5ckpt_info_step(info));
+  h5ckpt_info_free(info);
+
+  char missing[4200];
+  snprintf(missing, sizeof missing, "%s/no-such-checkpoint", root);
+  int rc = h5ckpt_info_open(missing, &info);
+  CHECK(rc == H5CKPT_NOT_FOUND && info == NULL, "open of a missing checkpoint -> %d", rc);
+  CHECK(strstr(h5ckpt_last_error(), "no-such-checkpoint") != NULL, "text: %s", h5ckpt_last_error());
+}
+
+static void check_argument_errors(void) {
+  h5ckpt_state_t* st = NULL;
+  OK(h5ckpt_state_create(&st));
+  const int64_t shape[1] = {4};
+  float buf[4];
+  int rc = h5ckpt_state_add_replicated(st, "model/x", 99, 1, shape, buf);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT && strstr(h5ckpt_last_error(), "unknown dtype 99"), "bad dtype -> %d %s", rc,
+        h5ckpt_last_error());
+  rc = h5ckpt_state_add_sharded(st, NULL, H5CKPT_F32, 1, shape, shape, shape, buf);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT, "NULL key -> %d", rc);
+  rc = h5ckpt_state_add_sharded(st, "model/x", H5CKPT_F32, 1, shape, NULL, shape, buf);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT && strstr(h5ckpt_last_error(), "model/x"), "NULL offsets -> %d", rc);
+  CHECK(h5ckpt_state_size(st) == 0, "nothing added by failed calls");
+  h5ckpt_state_free(st);
+  h5ckpt_topology_t* topo = NULL;
+  CHECK(h5ckpt_topology_create(MPI_COMM_WORLD, g_size + 1, 1, 1, &topo) != H5CKPT_OK && topo == NULL,
+        "a grid larger than the world is refused");
+  CHECK(strcmp(h5ckpt_error_name(H5CKPT_CORRUPT), "corrupt checkpoint") == 0 && strcmp(h5ckpt_error_name(-3), "unknown") == 0,
+        "error name %s", h5ckpt_error_name(H5CKPT_CORRUPT));
+  CHECK(h5ckpt_dtype_size(H5CKPT_BF16) == 2 && h5ckpt_dtype_size(H5CKPT_I64) == 8 && h5ckpt_dtype_size(42) == 0,
+        "dtype sizes");
+  CHECK(strlen(h5ckpt_version()) > 0, "version");
+  /* free functions accept NULL */
+  h5ckpt_state_free(NULL);
+  h5ckpt_topology_free(NULL);
+  h5ckpt_checkpointer_free(NULL);
+  h5ckpt_save_handle_free(NULL);
+  h5ckpt_info_free(NULL);
+}
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+
+  char root[4096] = {0};
+  if (g_rank == 0) {
+    const char* tmp = getenv("TMPDIR");
+    snprintf(root, sizeof root, "%s/h5ckpt_capi_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(root)) root[0] = '\0';
+  }
+  MPI_Bcast(root, sizeof root, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (!root[0]) {
+    if (g_rank == 0) fprintf(stderr, "cannot create a temporary directory\n");
+    MPI_Finalize();
+    return 1;
+  }
+  char ckpt[4200], async_ckpt[4200];
+  snprintf(ckpt, sizeof ckpt, "%s/step-42", root);
+  snprintf(async_ckpt, sizeof async_ckpt, "%s/step-7-async", root);
+
+  check_argument_errors();
+  save_tp_layout(ckpt);
+  load_dp_layout(ckpt);
+  async_round_trip(async_ckpt);
+  check_info(ckpt, root);
+
+  int total = 0;
+  MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank == 0) {
+    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    printf("test_capi: %d ranks, %s (%d failed checks)\n", g_size, total ? "FAILED" : "passed", total);
+  }
+  MPI_Finalize();
+  return total ? 1 : 0;
+}

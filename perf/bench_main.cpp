@@ -1,0 +1,355 @@
+// h5ckpt-bench: in one run, on the same storage and the same synthetic-trainer state, measures
+// h5ckpt's save/load against the floors a checkpoint system can at best reach (plain write+fsync,
+// memcpy, plain read), and prints one JSON line per scenario plus a summary line with ratios.
+// Run under mpirun/srun like a trainer. See docs/performance.md.
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "h5ckpt/h5ckpt.hpp"
+#include "workload.h"
+
+using namespace h5ckpt;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double max_all(double v) {
+  double m = 0;
+  MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+uint64_t sum_all(uint64_t v) {
+  uint64_t s = 0;
+  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return s;
+}
+
+// Times `fn` between two barriers; the slowest rank's time is the job's time.
+double timed(const std::function<void()>& fn) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = now_s();
+  fn();
+  const double dt = now_s() - t0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  return max_all(dt);
+}
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "h5ckpt-bench (rank %d): %s\n", g_rank, msg.c_str());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+template <class T>
+T check(Result<T> r, const char* what) {
+  if (!r.ok()) die(std::string(what) + ": " + r.status().to_string());
+  return std::move(r).value();
+}
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      die(std::string("write: ") + std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void read_all(int fd, char* p, size_t n) {
+  while (n) {
+    ssize_t r = ::read(fd, p, n);
+    if (r <= 0) die("short read of a raw file");
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+// Page cache dropped so reads come from the device (root only; reported when it fails).
+bool drop_caches(bool enabled) {
+  int ok = 1;
+  if (g_rank == 0 && enabled) {
+    ::sync();
+    FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w");
+    ok = f && std::fputs("3\n", f) >= 0 ? 1 : 0;
+    if (f) std::fclose(f);
+  }
+  if (!enabled) ok = 0;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok != 0;
+}
+
+// Re-touches every page of a buffer so the timed phase does not pay for faults (this VM hands
+// idle memory back to the host; touching it again is slow and random).
+void prewarm(std::vector<char>& buf) {
+  for (size_t i = 0; i < buf.size(); i += 4096) buf[i] = static_cast<char>(buf[i] + 1);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  bool zero = false;
+  std::string tag() const {
+    return "tp" + std::to_string(tp) + ".pp" + std::to_string(pp) + ".dp" + std::to_string(dp) + (zero ? ".zero" : "");
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+
+  CLI::App app{"h5ckpt-bench: h5ckpt save/load against raw write/read and memcpy floors, one run"};
+  Layout save_l, load_l;
+  workload::ModelConfig model;
+  model.layers = 6;
+  model.hidden = 1024;
+  model.heads = 8;
+  model.kv_heads = 4;
+  model.ffn = 4096;
+  model.vocab = 16384;
+  std::string dir = "h5ckpt-bench-data";
+  int repeats = 3;
+  bool no_prewarm = false, no_drop = false, keep = false;
+  uint64_t staging = 0;
+  app.add_option("--tp", save_l.tp, "save layout: tensor parallel size");
+  app.add_option("--pp", save_l.pp, "save layout: pipeline parallel size");
+  app.add_option("--dp", save_l.dp, "save layout: data parallel size (default: world / (tp*pp))");
+  app.add_flag("--zero", save_l.zero, "save layout: distributed optimizer (ZeRO)");
+  app.add_option("--load-tp", load_l.tp, "resharding load layout: TP (default: a different layout)");
+  app.add_option("--load-pp", load_l.pp, "resharding load layout: PP");
+  app.add_option("--load-dp", load_l.dp, "resharding load layout: DP");
+  app.add_option("--layers", model.layers, "model layers")->capture_default_str();
+  app.add_option("--hidden", model.hidden, "hidden size")->capture_default_str();
+  app.add_option("--ffn", model.ffn, "FFN size")->capture_default_str();
+  app.add_option("--vocab", model.vocab, "vocabulary")->capture_default_str();
+  app.add_option("--dir", dir, "storage directory for the benchmark files")->capture_default_str();
+  app.add_option("--repeats", repeats, "runs of every scenario (medians are reported)")->capture_default_str();
+  app.add_option("--staging-bytes", staging, "staging pool bound for save_async (0: whole state)");
+  app.add_flag("--no-prewarm", no_prewarm, "do not re-touch buffers before each timed phase");
+  app.add_flag("--no-drop-caches", no_drop, "do not drop the page cache before reads (needs root)");
+  app.add_flag("--keep", keep, "keep the files written");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = g_rank == 0 ? app.exit(e) : (e.get_exit_code() ? 1 : 0);
+    MPI_Finalize();
+    return rc;
+  }
+  if (save_l.dp == 1 && save_l.tp * save_l.pp != g_size) save_l.dp = g_size / (save_l.tp * save_l.pp);
+  if (load_l.tp * load_l.pp * load_l.dp != g_size) {
+    // Default resharding target: swap TP and DP (and keep PP), with the optimizer layout flipped.
+    load_l = Layout{save_l.dp, save_l.pp, save_l.tp, !save_l.zero};
+    if (load_l.tp == save_l.tp) load_l.zero = !save_l.zero;
+  }
+
+  auto make = [&](const Layout& l) {
+    workload::TrainConfig cfg;
+    cfg.model = model;
+    cfg.sizes = ParallelSizes{l.tp, l.dp, l.pp};
+    cfg.zero = l.zero;
+    if (Status st = cfg.validate(g_size); !st.ok()) die("layout " + l.tag() + ": " + st.to_string());
+    return cfg;
+  };
+  const auto save_cfg = make(save_l), load_cfg = make(load_l);
+  Topology save_topo = check(Topology::create(MPI_COMM_WORLD, save_cfg.sizes), "topology");
+  Topology load_topo = check(Topology::create(MPI_COMM_WORLD, load_cfg.sizes), "topology");
+  workload::Workload state_w(save_cfg, save_topo);     // what is saved
+  workload::Workload same_w(save_cfg, save_topo);      // loaded into, same layout
+  workload::Workload reshard_w(load_cfg, load_topo);   // loaded into, another layout
+  StateDict save_sd;
+  state_w.stage_save(save_sd);
+
+  CheckpointerOptions copts;
+  copts.staging_bytes = staging;
+  copts.metrics = false;  // the benchmark reports its own figures
+  Checkpointer ck(save_topo, copts), ck_reshard(load_topo, copts);
+
+  if (g_rank == 0) fs::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string raw_file = dir + "/raw-rank" + std::to_string(g_rank) + ".bin";
+  // One node-level stream: all ranks of a node append to one file in turn.
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
+  int node_rank = 0, node_size = 1, node_id = 0;
+  MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_size(node, &node_size);
+  {
+    int leader = node_rank == 0 ? g_rank : 0;
+    MPI_Bcast(&leader, 1, MPI_INT, 0, node);
+    node_id = leader;
+  }
+  const std::string stream_file = dir + "/raw-node" + std::to_string(node_id) + ".bin";
+
+  // Warm-up (untimed): plans the save, allocates and touches the staging pool, and tells each
+  // rank how many unique bytes it writes, which the raw floors then write too.
+  auto first = check(ck.save(save_sd, dir + "/warm"), "first save");
+  const double plan_first = max_all(first.plan_s);
+  const uint64_t my_bytes = first.bytes_written;
+  const uint64_t total_bytes = first.bytes_total;
+  auto warm_async = check(ck.save_async(save_sd, dir + "/warm-async"), "warm-up save_async");
+  check(warm_async.wait(), "warm-up save_async");
+  std::vector<char> raw(my_bytes ? my_bytes : 1, 1), copy(my_bytes ? my_bytes : 1, 0);
+  uint64_t node_offset = 0;
+  {
+    uint64_t mine = my_bytes;
+    MPI_Exscan(&mine, &node_offset, 1, MPI_UINT64_T, MPI_SUM, node);
+    if (node_rank == 0) node_offset = 0;
+  }
+
+  std::map<std::string, std::vector<double>> t;
+  std::vector<double> plan_cached;
+  bool cold = true;
+  int step = 0;
+  auto remove = [&](const std::string& p) {
+    if (g_rank == 0) fs::remove_all(p);
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  for (int rep = 0; rep < repeats; ++rep) {
+    // --- write floors --------------------------------------------------------------------
+    if (!no_prewarm) prewarm(raw);
+    t["raw_write_rank_s"].push_back(timed([&] {
+      int fd = ::open(raw_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) die("cannot create " + raw_file);
+      write_all(fd, raw.data(), my_bytes);
+      ::fsync(fd);
+      ::close(fd);
+    }));
+    if (!no_prewarm) prewarm(raw);
+    t["raw_write_stream_s"].push_back(timed([&] {
+      // Token passing in node-rank order keeps the file a single sequential stream.
+      if (node_rank > 0) MPI_Recv(nullptr, 0, MPI_BYTE, node_rank - 1, 7, node, MPI_STATUS_IGNORE);
+      int fd = ::open(stream_file.c_str(), O_WRONLY | O_CREAT | (node_rank == 0 ? O_TRUNC : 0), 0644);
+      if (fd < 0) die("cannot open " + stream_file);
+      ::lseek(fd, static_cast<off_t>(node_offset), SEEK_SET);
+      write_all(fd, raw.data(), my_bytes);
+      if (node_rank == node_size - 1) ::fsync(fd);
+      ::close(fd);
+      if (node_rank + 1 < node_size) MPI_Send(nullptr, 0, MPI_BYTE, node_rank + 1, 7, node);
+    }));
+    if (!no_prewarm) {
+      prewarm(raw);
+      prewarm(copy);
+    }
+    t["memcpy_s"].push_back(timed([&] { std::memcpy(copy.data(), raw.data(), my_bytes); }));
+
+    // --- h5ckpt saves ---------------------------------------------------------------------
+    const std::string sync_path = dir + "/sync-" + std::to_string(rep);
+    double plan = 0;
+    t["sync_save_s"].push_back(timed([&] {
+      auto r = check(ck.save(save_sd, sync_path), "save");
+      plan = r.plan_s;
+    }));
+    plan_cached.push_back(max_all(plan));
+    const std::string async_path = dir + "/async-" + std::to_string(rep);
+    SaveHandle h;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double a0 = now_s();
+    h = check(ck.save_async(save_sd, async_path), "save_async");
+    const double blocked = now_s() - a0;
+    check(h.wait(), "save_async wait");
+    const double total = now_s() - a0;
+    t["async_block_s"].push_back(max_all(blocked));
+    t["async_total_s"].push_back(max_all(total));
+    ++step;
+
+    // --- read floor and loads (cold cache) ------------------------------------------------
+    cold = drop_caches(!no_drop) && cold;
+    if (!no_prewarm) prewarm(copy);
+    t["raw_read_s"].push_back(timed([&] {
+      int fd = ::open(raw_file.c_str(), O_RDONLY);
+      if (fd < 0) die("cannot open " + raw_file);
+      read_all(fd, copy.data(), my_bytes);
+      ::close(fd);
+    }));
+    StateDict same_sd, reshard_sd;
+    auto info = check(read_checkpoint_info(sync_path), "reading metadata");
+    if (Status st = same_w.stage_load(same_sd, info); !st.ok()) die(st.to_string());
+    if (Status st = reshard_w.stage_load(reshard_sd, info); !st.ok()) die(st.to_string());
+    cold = drop_caches(!no_drop) && cold;
+    uint64_t read_bytes = 0;
+    t["load_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path), "load").bytes_read; }));
+    t["load_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+    cold = drop_caches(!no_drop) && cold;
+    t["reshard_load_s"].push_back(
+        timed([&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path), "reshard load").bytes_read; }));
+    t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+    remove(sync_path);
+    remove(async_path);
+  }
+
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double rss_mib = max_all(static_cast<double>(ru.ru_maxrss) / 1024.0);
+
+  if (g_rank == 0) {
+    const std::vector<std::string> order = {"raw_write_rank_s", "raw_write_stream_s", "memcpy_s", "sync_save_s",
+                                            "async_block_s",    "async_total_s",      "raw_read_s", "load_s",
+                                            "reshard_load_s"};
+    for (const auto& k : order) {
+      json line{{"scenario", k.substr(0, k.size() - 2)}, {"ranks", g_size}, {"bytes", total_bytes},
+                {"median_s", median(t[k])}, {"runs_s", t[k]}};
+      std::printf("%s\n", line.dump().c_str());
+    }
+    auto m = [&](const char* k) { return median(t[k]); };
+    const double raw_write = std::min(m("raw_write_rank_s"), m("raw_write_stream_s"));
+    json s;
+    s["scenario"] = "summary";
+    s["ranks"] = g_size;
+    s["bytes"] = total_bytes;
+    s["save_layout"] = save_l.tag();
+    s["reshard_layout"] = load_l.tag();
+    s["repeats"] = repeats;
+    s["cold_reads"] = cold;
+    for (const auto& k : order) s[k] = m(k.c_str());
+    s["raw_write_s"] = raw_write;
+    s["plan_s"] = plan_first;
+    s["plan_cached_s"] = median(plan_cached);
+    s["load_bytes_read"] = m("load_bytes_read");
+    s["reshard_bytes_read"] = m("reshard_bytes_read");
+    s["peak_rss_mib"] = rss_mib;
+    s["sync_save_over_raw_write"] = m("sync_save_s") / raw_write;
+    s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
+    s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");
+    s["load_over_raw_read"] = m("load_s") / m("raw_read_s");
+    s["reshard_load_over_load"] = m("reshard_load_s") / m("load_s");
+    std::printf("%s\n", s.dump().c_str());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (!keep && g_rank == 0) fs::remove_all(dir);
+  MPI_Comm_free(&node);
+  MPI_Finalize();
+  return 0;
+}
