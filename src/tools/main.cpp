@@ -1,0 +1,24 @@
+// `h5ckpt`: inspect, verify, compare, export and rewrite h5ckpt checkpoints (docs/cli.md).
+// To add a subcommand: write cmd_<name>.cpp with a register_<name>(app, exit_code) function,
+// declare it in cli_common.h and list it below.
+#include <iostream>
+
+#include "tools/cli_common.h"
+
+int main(int argc, char** argv) {
+  using namespace h5ckpt::cli;
+  CLI::App app{"h5ckpt " + std::string(h5ckpt::version()) +
+               ": inspect, verify, compare, export and reshard h5ckpt checkpoints"};
+  app.set_version_flag("--version", std::string(h5ckpt::version()));
+  app.require_subcommand(1);
+  int exit_code = kExitOk;
+  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard})
+    reg(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help (rc 0) or the usage error
+    return rc == 0 ? kExitOk : kExitError;
+  }
+  return exit_code;
+}
