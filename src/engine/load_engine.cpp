@@ -340,9 +340,9 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   const double t_end = now_s();
   report.exchange_s = t_end - t_read;
   report.total_s = t_end - t0;
-  metrics::log().info("loaded '{}': read {} bytes, sent {}, received {} in {:.3f}s{}", report.path,
-                      report.bytes_read, report.bytes_sent, report.bytes_received, report.total_s,
-                      report.plan_cached ? " (cached plan)" : "");
+  metrics::log().info("loaded '{}': read {} bytes, sent {}, received {}: plan {:.3f}s{} read {:.3f}s exchange {:.3f}s",
+                      report.path, report.bytes_read, report.bytes_sent, report.bytes_received, report.plan_s,
+                      report.plan_cached ? " (cached)" : "", report.read_s, report.exchange_s);
   return report;
 }
 

@@ -12,8 +12,12 @@
 namespace h5ckpt::storage {
 
 namespace {
-constexpr uint64_t kBounceBytes = 8u << 20;   // span read at once when runs are close together
-constexpr uint64_t kMaxGapBytes = 64u << 10;  // a gap worth reading through rather than seeking
+constexpr uint64_t kBounceBytes = 8u << 20;  // span read at once when runs are close together
+// Reading through a gap costs its bytes; a separate pread costs a syscall (~a few KiB of
+// bandwidth). So small gaps are read through, and large gaps only when the runs are tiny.
+constexpr uint64_t kSmallGapBytes = 1u << 10;
+constexpr uint64_t kTinyRunBytes = 512;
+constexpr uint64_t kMaxGapForTinyRuns = 64u << 10;
 }  // namespace
 
 Result<RegionReader> RegionReader::open(const std::string& data_file) {
@@ -111,8 +115,10 @@ Status RegionReader::read(const TensorInfo& t, const Box& region, const planner:
     if (!st.ok()) return;
     const Run r{static_cast<uint64_t>(t.file_offset) + static_cast<uint64_t>(si) * es, di, n};
     const uint64_t end = r.file_off + static_cast<uint64_t>(n) * es;
+    const uint64_t run_bytes = static_cast<uint64_t>(n) * es;
+    const uint64_t max_gap = run_bytes <= kTinyRunBytes ? kMaxGapForTinyRuns : kSmallGapBytes;
     const bool fits = !group.empty() && end - group_start <= kBounceBytes && r.file_off >= group_end &&
-                      r.file_off - group_end <= kMaxGapBytes;
+                      r.file_off - group_end <= max_gap;
     if (!fits) {
       st = flush();
       group_start = r.file_off;
