@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "tools/cli_common.h"
+#include "tools/cmd_report.h"
 
 int main(int argc, char** argv) {
   using namespace h5ckpt::cli;
@@ -12,7 +13,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(h5ckpt::version()));
   app.require_subcommand(1);
   int exit_code = kExitOk;
-  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard})
+  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard, register_report})
     reg(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -2,6 +2,9 @@
 // layout. Also two checking modes used by the tests and the main job:
 //   --verify-ledger FILE --ckpt-dir DIR   every sample consumed exactly once (ledger + loader state)
 //   --compare A B                          model and optimizer datasets bit-identical (1 rank)
+// Checkpointer settings come from --config FILE / $H5CKPT_CONFIG and H5CKPT_* variables
+// (docs/configuration.md). SIGUSR1 asks for a checkpoint at the next step boundary and a clean
+// stop (Slurm's --signal=B:USR1@T before the time limit; see slurm/README.md).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -9,13 +12,16 @@
 #include <cstdarg>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "h5ckpt/loader_state.h"
 #include "ledger.h"
@@ -37,9 +43,21 @@ struct Options {
   std::string verify_ledger;
   std::vector<std::string> compare;
   bool quiet = false;
+  std::string config_file;
+  Config ck;  // resolved checkpointer, save and load settings
 };
 
 int g_rank = 0;
+
+// Set by SIGUSR1; ranks agree on it once per step (a signal may reach only some of them).
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int) { g_stop_signal = 1; }
+
+bool stop_requested() {
+  int mine = g_stop_signal ? 1 : 0, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any != 0;
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -120,7 +138,7 @@ int train(Options& o, int world) {
   if (!all_ok(topo.status(), "topology")) return 1;
   const RankCoords me = topo->coords();
   Workload w(o.cfg, *topo);
-  Checkpointer ck(*topo);
+  Checkpointer ck(*topo, o.ck.checkpointer);
   ck.set_attribute("trainer.layout", o.cfg.layout_tag());
   Ledger ledger;
   const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0;
@@ -147,7 +165,7 @@ int train(Options& o, int world) {
       if (!all_ok(w.stage_load(sd, *info), "preparing the load")) return 1;
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = now_s();
-      auto rep = ck.load(sd, o.ckpt_dir);
+      auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
       if (!all_ok(rep.status(), "load")) return 1;
       if (!all_ok(w.finish_load(), "restoring loader/extra state")) return 1;
       double secs = max_over_ranks(now_s() - t0);
@@ -169,28 +187,67 @@ int train(Options& o, int world) {
       o.cfg.layout_tag().c_str(), world, state_bytes / 1e6, o.steps);
   double train_s = 0;
   int64_t trained = 0;
+  // An asynchronous save in flight: reported once committed (before the next save or at the end).
+  struct Pending {
+    SaveHandle handle;
+    int64_t step = 0;
+    double blocked_s = 0;
+    Ledger rows;  // ledger rows up to `step`, written once the save committed
+  };
+  std::optional<Pending> pending;
+  auto finish_pending = [&]() -> bool {
+    if (!pending) return true;
+    Pending p = std::move(*pending);
+    pending.reset();
+    auto rep = p.handle.wait();
+    if (!all_ok(rep.status(), "save at step " + std::to_string(p.step))) return false;
+    const double secs = max_over_ranks(rep->total_s);
+    say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s (async; training blocked %.3f s)", p.step,
+        rep->path.c_str(), rep->bytes_total / 1e6, secs, p.blocked_s);
+    append_report(o, "save", p.step, secs, rep->bytes_total, rep->path);
+    return o.ledger.empty() || all_ok(p.rows.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger");
+  };
+  bool stopped = false;
   for (int64_t step = w.global_step() + 1; step <= o.steps; ++step) {
     double t0 = now_s();
     auto pieces = w.train_step();
     train_s += now_s() - t0;
     ++trained;
     if (record) ledger.record(step, me.dp, pieces);
-    bool save = !o.ckpt_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps);
-    if (!save) continue;
-    StateDict sd;
-    w.stage_save(sd);
-    SaveOptions so;
-    so.step = step;
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t1 = now_s();
-    auto rep = ck.save(sd, step_dir(o.ckpt_dir, step), so);
-    if (!all_ok(rep.status(), "save at step " + std::to_string(step))) return 1;
-    double secs = max_over_ranks(now_s() - t1);
-    say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s", step, rep->path.c_str(), rep->bytes_total / 1e6, secs);
-    append_report(o, "save", step, secs, rep->bytes_total, rep->path);
-    // The ledger follows the committed checkpoints, so a resume continues it seamlessly.
-    if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
+    stopped = stop_requested();
+    bool save = !o.ckpt_dir.empty() &&
+                ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps || stopped);
+    if (save) {
+      StateDict sd;
+      w.stage_save(sd);
+      SaveOptions so = o.ck.save;
+      so.step = step;
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t1 = now_s();
+      if (o.ck.checkpointer.async) {
+        // Report the previous save first: save_async would wait for it anyway.
+        if (!finish_pending()) return 1;
+        auto h = ck.save_async(sd, step_dir(o.ckpt_dir, step), so);
+        if (!all_ok(h.status(), "save at step " + std::to_string(step))) return 1;
+        pending = Pending{*h, step, max_over_ranks(now_s() - t1), std::move(ledger)};
+        ledger = Ledger{};
+      } else {
+        auto rep = ck.save(sd, step_dir(o.ckpt_dir, step), so);
+        if (!all_ok(rep.status(), "save at step " + std::to_string(step))) return 1;
+        double secs = max_over_ranks(now_s() - t1);
+        say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s", step, rep->path.c_str(), rep->bytes_total / 1e6,
+            secs);
+        append_report(o, "save", step, secs, rep->bytes_total, rep->path);
+        // The ledger follows the committed checkpoints, so a resume continues it seamlessly.
+        if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
+      }
+    }
+    if (stopped) break;
   }
+  if (!finish_pending()) return 1;
+  if (stopped)
+    say(o, "stop requested (SIGUSR1) at step %" PRId64 ": %s", w.global_step(),
+        o.ckpt_dir.empty() ? "no --ckpt-dir, nothing saved" : "checkpoint committed, stopping early");
   if (!o.ledger.empty() && o.ckpt_dir.empty() &&
       !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger"))
     return 1;
@@ -213,8 +270,8 @@ int verify_ledger(Options& o, int world) {
   loader::LoaderCheckpoint lc;
   StateDict sd;
   if (!all_ok(lc.stage_load(sd, *info), "preparing the loader load")) return 1;
-  Checkpointer ck(*topo);
-  auto rep = ck.load(sd, o.ckpt_dir);
+  Checkpointer ck(*topo, o.ck.checkpointer);
+  auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
   if (!all_ok(rep.status(), "load")) return 1;
   Status st;
   loader::VerifySummary sum;
@@ -271,7 +328,7 @@ int compare(Options& o, int world) {
       }
   // Load both checkpoints whole, tensor by tensor in one load per checkpoint.
   std::map<std::string, std::vector<uint8_t>> data[2];
-  Checkpointer ck(*topo);
+  Checkpointer ck(*topo, o.ck.checkpointer);
   for (int s = 0; s < 2; ++s) {
     StateDict sd;
     for (const auto& [k, ti] : t[s]) {
@@ -281,7 +338,7 @@ int compare(Options& o, int world) {
       buf.resize(static_cast<size_t>(n) * dtype_size(ti->dtype));
       sd.add_replicated(k, ti->dtype, ti->shape, buf.data());
     }
-    auto r = ck.load(sd, info[s]->path);
+    auto r = ck.load(sd, info[s]->path, o.ck.load);
     if (!r.ok()) return error("loading " + info[s]->path + ": " + r.status().to_string()), 1;
   }
   uint64_t bytes = 0;
@@ -378,6 +435,9 @@ int main(int argc, char** argv) {
       ->expected(2)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--quiet", o.quiet, "print errors only");
+  app.add_option("--config", o.config_file,
+                 "h5ckpt settings (TOML, see config/h5ckpt.toml); default $H5CKPT_CONFIG; H5CKPT_* "
+                 "environment variables override the file");
   int rc = 0;
   try {
     app.parse(argc, argv);
@@ -389,6 +449,19 @@ int main(int argc, char** argv) {
     return rc;
   }
   m.dtype = o.dtype == "f32" ? DType::kF32 : DType::kBF16;
+  // Every rank reads the same file and environment, so all agree on the outcome.
+  auto resolved = resolve_config(o.config_file);
+  if (!resolved.ok()) {
+    error(resolved.status().message());
+    MPI_Finalize();
+    return 2;
+  }
+  o.ck = std::move(resolved).value();
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
   if (!o.compare.empty()) rc = compare(o, world);
   else if (!o.verify_ledger.empty()) rc = verify_ledger(o, world);
   else rc = train(o, world);
