@@ -8,17 +8,16 @@
 
 #include "support/test_model.h"
 
+using h5ckpt::testing::max_all;
+using h5ckpt::testing::sum_all;
+using h5ckpt::testing::world_rank;
+using h5ckpt::testing::world_size;
+
 using namespace h5ckpt;
 using h5ckpt::testing::Layout;
 namespace fs = std::filesystem;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 Layout default_layout() {
   const int n = world_size();

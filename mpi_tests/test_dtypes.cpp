@@ -11,21 +11,16 @@
 
 #include "support/test_model.h"
 
+using h5ckpt::testing::max_all;
+using h5ckpt::testing::sum_all;
+using h5ckpt::testing::world_rank;
+using h5ckpt::testing::world_size;
+
 using namespace h5ckpt;
 namespace fs = std::filesystem;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 Topology topo_of(int tp, int dp) {
   auto t = Topology::create(MPI_COMM_WORLD, {tp, dp, 1});
   EXPECT_TRUE(t.ok()) << t.status().to_string();

@@ -11,22 +11,16 @@
 #include "storage/commit.h"
 #include "support/test_model.h"
 
+using h5ckpt::testing::max_all;
+using h5ckpt::testing::sum_all;
+using h5ckpt::testing::world_rank;
+using h5ckpt::testing::world_size;
+
 using namespace h5ckpt;
 using h5ckpt::testing::Layout;
 namespace fs = std::filesystem;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Every rank must hold the same error code and message.
 void expect_same_on_all_ranks(const Status& st) {

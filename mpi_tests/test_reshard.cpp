@@ -5,16 +5,15 @@
 
 #include "support/test_model.h"
 
+using h5ckpt::testing::max_all;
+using h5ckpt::testing::sum_all;
+using h5ckpt::testing::world_rank;
+using h5ckpt::testing::world_size;
+
 using namespace h5ckpt;
 using h5ckpt::testing::Layout;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 Topology make_topology(const Layout& L) {
   auto t = Topology::create(MPI_COMM_WORLD, ParallelSizes{L.tp, L.dp, L.pp});

@@ -6,28 +6,16 @@
 
 #include "support/test_model.h"
 
+using h5ckpt::testing::max_all;
+using h5ckpt::testing::sum_all;
+using h5ckpt::testing::world_rank;
+using h5ckpt::testing::world_size;
+
 using namespace h5ckpt;
 using h5ckpt::testing::Layout;
 namespace fs = std::filesystem;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-uint64_t sum_all(uint64_t v) {
-  uint64_t s = 0;
-  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return s;
-}
-uint64_t max_all(uint64_t v) {
-  uint64_t s = 0;
-  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  return s;
-}
 
 class ZeroRedundancy : public ::testing::Test {
  protected:

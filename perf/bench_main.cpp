@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
 
@@ -108,6 +109,16 @@ void prewarm(std::vector<char>& buf) {
   for (size_t i = 0; i < buf.size(); i += 4096) buf[i] = static_cast<char>(buf[i] + 1);
 }
 
+// Same for the caller's state that a save reads: one read per page of every item's buffer.
+void prewarm(const StateDict& sd) {
+  volatile char sink = 0;
+  for (const auto& it : sd.items()) {
+    const char* p = static_cast<const char*>(it.data);
+    const size_t n = static_cast<size_t>(it.shard.numel()) * dtype_size(it.dtype);
+    for (size_t i = 0; i < n; i += 4096) sink = sink + p[i];
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -144,6 +155,7 @@ int main(int argc, char** argv) {
   int repeats = 3;
   bool no_prewarm = false, no_drop = false, keep = false;
   uint64_t staging = 0;
+  std::string config_file;
   app.add_option("--tp", save_l.tp, "save layout: tensor parallel size");
   app.add_option("--pp", save_l.pp, "save layout: pipeline parallel size");
   app.add_option("--dp", save_l.dp, "save layout: data parallel size (default: world / (tp*pp))");
@@ -161,6 +173,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-prewarm", no_prewarm, "do not re-touch buffers before each timed phase");
   app.add_flag("--no-drop-caches", no_drop, "do not drop the page cache before reads (needs root)");
   app.add_flag("--keep", keep, "keep the files written");
+  app.add_option("--config", config_file, "h5ckpt configuration file (also $H5CKPT_CONFIG and H5CKPT_* variables)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -192,8 +205,9 @@ int main(int argc, char** argv) {
   StateDict save_sd;
   state_w.stage_save(save_sd);
 
-  CheckpointerOptions copts;
-  copts.staging_bytes = staging;
+  const Config config = check(resolve_config(config_file), "configuration");
+  CheckpointerOptions copts = config.checkpointer;
+  if (staging) copts.staging_bytes = staging;
   copts.metrics = false;  // the benchmark reports its own figures
   Checkpointer ck(save_topo, copts), ck_reshard(load_topo, copts);
 
@@ -215,11 +229,11 @@ int main(int argc, char** argv) {
 
   // Warm-up (untimed): plans the save, allocates and touches the staging pool, and tells each
   // rank how many unique bytes it writes, which the raw floors then write too.
-  auto first = check(ck.save(save_sd, dir + "/warm"), "first save");
+  auto first = check(ck.save(save_sd, dir + "/warm", config.save), "first save");
   const double plan_first = max_all(first.plan_s);
   const uint64_t my_bytes = first.bytes_written;
   const uint64_t total_bytes = first.bytes_total;
-  auto warm_async = check(ck.save_async(save_sd, dir + "/warm-async"), "warm-up save_async");
+  auto warm_async = check(ck.save_async(save_sd, dir + "/warm-async", config.save), "warm-up save_async");
   check(warm_async.wait(), "warm-up save_async");
   std::vector<char> raw(my_bytes ? my_bytes : 1, 1), copy(my_bytes ? my_bytes : 1, 0);
   uint64_t node_offset = 0;
@@ -267,17 +281,19 @@ int main(int argc, char** argv) {
 
     // --- h5ckpt saves ---------------------------------------------------------------------
     const std::string sync_path = dir + "/sync-" + std::to_string(rep);
+    if (!no_prewarm) prewarm(save_sd);
     double plan = 0;
     t["sync_save_s"].push_back(timed([&] {
-      auto r = check(ck.save(save_sd, sync_path), "save");
+      auto r = check(ck.save(save_sd, sync_path, config.save), "save");
       plan = r.plan_s;
     }));
     plan_cached.push_back(max_all(plan));
     const std::string async_path = dir + "/async-" + std::to_string(rep);
     SaveHandle h;
+    if (!no_prewarm) prewarm(save_sd);
     MPI_Barrier(MPI_COMM_WORLD);
     const double a0 = now_s();
-    h = check(ck.save_async(save_sd, async_path), "save_async");
+    h = check(ck.save_async(save_sd, async_path, config.save), "save_async");
     const double blocked = now_s() - a0;
     check(h.wait(), "save_async wait");
     const double total = now_s() - a0;
@@ -301,16 +317,18 @@ int main(int argc, char** argv) {
     if (!no_prewarm) {
       // Touch the load destinations (the workloads' buffers) with an untimed load of another
       // checkpoint: its plan is not reused by the timed loads (different metadata).
-      check(ck.load(same_sd, dir + "/warm"), "prewarm load");
-      check(ck_reshard.load(reshard_sd, dir + "/warm"), "prewarm load");
+      check(ck.load(same_sd, dir + "/warm", config.load), "prewarm load");
+      check(ck_reshard.load(reshard_sd, dir + "/warm", config.load), "prewarm load");
     }
     cold = drop_caches(!no_drop) && cold;
+    if (!no_prewarm) prewarm(same_sd);
     uint64_t read_bytes = 0;
-    t["load_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path), "load").bytes_read; }));
+    t["load_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, config.load), "load").bytes_read; }));
     t["load_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
     cold = drop_caches(!no_drop) && cold;
+    if (!no_prewarm) prewarm(reshard_sd);
     t["reshard_load_s"].push_back(
-        timed([&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path), "reshard load").bytes_read; }));
+        timed([&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read; }));
     t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
     remove(sync_path);
     remove(async_path);

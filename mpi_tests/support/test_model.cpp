@@ -173,6 +173,30 @@ bool same_datasets(const std::string& a, const std::string& b, std::string* why)
   return true;
 }
 
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+uint64_t sum_all(uint64_t v) {
+  uint64_t s = 0;
+  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return s;
+}
+
+uint64_t max_all(uint64_t v) {
+  uint64_t m = 0;
+  MPI_Allreduce(&v, &m, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
 std::string shared_temp_dir(MPI_Comm comm, const std::string& tag) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);

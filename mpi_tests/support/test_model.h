@@ -49,6 +49,13 @@ std::vector<unsigned char> read_dataset_bytes(const std::string& file, const std
 /// True when two checkpoints hold the same keys and byte-identical datasets (rank-local).
 bool same_datasets(const std::string& a, const std::string& b, std::string* why);
 
+/// This process's rank and the size of MPI_COMM_WORLD.
+int world_rank();
+int world_size();
+/// Sum and maximum of a value over MPI_COMM_WORLD (every rank gets the result).
+uint64_t sum_all(uint64_t v);
+uint64_t max_all(uint64_t v);
+
 /// A fresh directory shared by all ranks of `comm` (created by rank 0).
 std::string shared_temp_dir(MPI_Comm comm, const std::string& tag);
 

@@ -228,6 +228,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
     source.done(*piece);
   }
   XXH3_freeState(hs);
+  const double t_pieces = now_s();
   if (direct) {
     Status synced = direct->sync_and_close();
     if (local.ok()) local = synced;
@@ -236,8 +237,11 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
     Status closed = h5writer->close();  // collective: flush (MPI_File_sync) and close
     if (local.ok()) local = closed;
   }
+  const double t_synced = now_s();
   if (Status a = comm::agree(local, world); !a.ok()) return fail(a, temp);
   const double t_write = now_s();
+  metrics::log().debug("write phase: create+pieces {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s",
+                       t_pieces - t0, t_synced - t_pieces, t_write - t_synced);
   report.write_s = t_write - t0;
   for (const auto& t : tensors) {
     uint64_t n = dtype_size(t.dtype);
