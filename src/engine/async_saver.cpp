@@ -90,11 +90,13 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   SaveReport report;
   report.async = true;
   H5CKPT_ASSIGN_OR_RETURN(TensorPlans plan, prepare_save(topo_, state, cache, report));
-  // Comm duplication is collective: every rank reaches here together.
-  H5CKPT_RETURN_IF_ERROR(comm::agree(ensure_io_comms(), topo_.world.get()));
+  // Comm duplication is collective and happens once, on the first save_async of every rank.
+  if (!io_comms_) H5CKPT_RETURN_IF_ERROR(comm::agree(ensure_io_comms(), topo_.world.get()));
 
   uint64_t mine = 0;
-  for (const auto& p : my_pieces(topo_.world.rank(), *plan, state, UINT64_MAX)) mine += p.bytes;
+  for (const auto& t : *plan)
+    for (const auto& reg : t.regions)
+      if (reg.writer == topo_.world.rank()) mine += static_cast<uint64_t>(reg.shard.numel()) * dtype_size(t.dtype);
   pool_.reserve(options_.staging_bytes ? options_.staging_bytes : mine);
   const uint64_t piece_max = std::max<uint64_t>(1, std::min<uint64_t>(options_.max_piece_bytes, pool_.capacity()));
   std::vector<Piece> pieces = my_pieces(topo_.world.rank(), *plan, state, piece_max);

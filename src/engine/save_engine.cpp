@@ -110,10 +110,14 @@ Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& st
                                  SaveReport& report) {
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
-  H5CKPT_RETURN_IF_ERROR(comm::agree(check_local_items(state), world));
-  const uint64_t sig = structure_signature(state);
-  int same = cache.tensors && cache.local_signature == sig ? 1 : 0, all_same = 0;
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
+  // One allreduce answers both "did any rank fail its local checks" (-1) and "is every rank's
+  // structure unchanged" (1): the steady state costs a single collective.
+  const Status local = check_local_items(state);
+  const uint64_t sig = local.ok() ? structure_signature(state) : 0;
+  int mine = !local.ok() ? -1 : (cache.tensors && cache.local_signature == sig ? 1 : 0), all = 0;
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
+  if (all < 0) return comm::agree(local, world);  // every rank joins; the failing one explains
+  const int all_same = all;
   if (!all_same) {
     cache.tensors.reset();
     H5CKPT_ASSIGN_OR_RETURN(auto tensors, plan_globally(topo, state));
