@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 namespace h5ckpt::metrics {
 
@@ -17,8 +18,12 @@ spdlog::logger& log() {
     if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // label only; no communication
     logger = spdlog::stderr_color_mt("h5ckpt");
     logger->set_pattern("[%H:%M:%S.%e] [h5ckpt rank " + std::to_string(rank) + "] [%^%l%$] %v");
+    // spdlog maps unknown names to "off"; a typo must not silence warnings, so keep the default.
     const char* lvl = std::getenv("H5CKPT_LOG_LEVEL");
-    logger->set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn);
+    const auto parsed = lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn;
+    const bool typo = lvl && parsed == spdlog::level::off && std::string(lvl) != "off";
+    logger->set_level(typo ? spdlog::level::warn : parsed);
+    if (typo) logger->warn("H5CKPT_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical, off)", lvl);
   });
   return *logger;
 }
