@@ -325,6 +325,13 @@ int main(int argc, char** argv) {
     uint64_t read_bytes = 0;
     t["load_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, config.load), "load").bytes_read; }));
     t["load_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+    // The same load with every DP replica reading for itself (zero-redundancy off).
+    LoadOptions plain = config.load;
+    plain.zero_redundancy = false;
+    cold = drop_caches(!no_drop) && cold;
+    if (!no_prewarm) prewarm(same_sd);
+    t["load_no_zr_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, plain), "load").bytes_read; }));
+    t["load_no_zr_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
     cold = drop_caches(!no_drop) && cold;
     if (!no_prewarm) prewarm(reshard_sd);
     t["reshard_load_s"].push_back(
@@ -341,7 +348,7 @@ int main(int argc, char** argv) {
   if (g_rank == 0) {
     const std::vector<std::string> order = {"raw_write_rank_s", "raw_write_stream_s", "memcpy_s", "sync_save_s",
                                             "async_block_s",    "async_total_s",      "raw_read_s", "load_s",
-                                            "reshard_load_s"};
+                                            "load_no_zr_s",     "reshard_load_s"};
     for (const auto& k : order) {
       json line{{"scenario", k.substr(0, k.size() - 2)}, {"ranks", g_size}, {"bytes", total_bytes},
                 {"median_s", median(t[k])}, {"runs_s", t[k]}};
@@ -363,6 +370,8 @@ int main(int argc, char** argv) {
     s["plan_cached_s"] = median(plan_cached);
     s["load_bytes_read"] = m("load_bytes_read");
     s["reshard_bytes_read"] = m("reshard_bytes_read");
+    s["load_no_zr_bytes_read"] = m("load_no_zr_bytes_read");
+    s["zr_read_bytes_saved"] = 1.0 - m("load_bytes_read") / m("load_no_zr_bytes_read");
     s["peak_rss_mib"] = rss_mib;
     s["sync_save_over_raw_write"] = m("sync_save_s") / raw_write;
     s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
