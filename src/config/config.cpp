@@ -40,6 +40,8 @@ const std::string& s(const Value& v) { return std::get<std::string>(v); }
 // [mpi_hints] is open-ended (any hint name) and handled apart from this table.
 const KeyDef kKeys[] = {
     {"checkpointer", "async", "H5CKPT_ASYNC", Kind::kBool, [](Config& c, const Value& v) { c.checkpointer.async = b(v); }},
+    {"checkpointer", "direct_writes", "H5CKPT_DIRECT_WRITES", Kind::kBool,
+     [](Config& c, const Value& v) { c.checkpointer.direct_writes = b(v); }},
     {"checkpointer", "staging_bytes", "H5CKPT_STAGING_BYTES", Kind::kSize,
      [](Config& c, const Value& v) { c.checkpointer.staging_bytes = u(v); }},
     {"checkpointer", "max_piece_bytes", "H5CKPT_MAX_PIECE_BYTES", Kind::kPositiveSize,
