@@ -22,6 +22,9 @@ struct PlanCache {
   TensorPlans tensors;  ///< null: nothing cached
 };
 
+/// Checks one item's shard against its shape and that its buffer is usable (host, non-null).
+Status check_item_buffer(const StateItem& item);
+
 /// Hash of this rank's state structure (keys, dtypes, shapes, shards; not the data).
 uint64_t structure_signature(const StateDict& state);
 

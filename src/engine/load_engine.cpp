@@ -40,11 +40,7 @@ Result<std::pair<std::string, std::string>> read_metadata_text(const std::string
 // Checks one item against the metadata; sets *skip for a missing key in a non-strict load.
 Status check_item(const CheckpointInfo& info, const StateItem& item, const LoadOptions& options, bool* skip) {
   *skip = false;
-  H5CKPT_RETURN_IF_ERROR(item.shard.validate(item.global_shape));
-  if (item.shard.numel() > 0 && item.data == nullptr)
-    return Status(ErrorCode::kInvalidArgument, "null buffer for a non-empty shard");
-  if (item.device != Device::kHost)
-    return Status(ErrorCode::kUnsupported, "device buffers need the CUDA staging build");
+  H5CKPT_RETURN_IF_ERROR(check_item_buffer(item));
   const TensorInfo* t = info.find(item.key);
   if (!t) {
     if (!options.strict) {

@@ -21,6 +21,15 @@ namespace h5ckpt::engine {
 namespace fs = std::filesystem;
 using metrics::now_s;
 
+Status check_item_buffer(const StateItem& item) {
+  H5CKPT_RETURN_IF_ERROR(item.shard.validate(item.global_shape));
+  if (item.shard.numel() > 0 && item.data == nullptr)
+    return Status(ErrorCode::kInvalidArgument, "null buffer for a non-empty shard");
+  if (item.device != Device::kHost)
+    return Status(ErrorCode::kUnsupported, "device buffers need the CUDA staging build");
+  return Status::Ok();
+}
+
 uint64_t structure_signature(const StateDict& state) {
   std::vector<planner::ItemDesc> descs;
   for (const auto& it : state.items()) descs.push_back({it.key, it.dtype, it.global_shape, it.shard});
@@ -30,14 +39,15 @@ uint64_t structure_signature(const StateDict& state) {
 
 namespace {
 
+uint64_t tensor_nbytes(const planner::TensorPlan& t) {
+  uint64_t n = dtype_size(t.dtype);
+  for (auto d : t.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
 Status check_local_items(const StateDict& state) {
-  for (const auto& it : state.items()) {
-    if (auto st = it.shard.validate(it.global_shape); !st.ok()) return st.with_context("key '" + it.key + "'");
-    if (it.shard.numel() > 0 && it.data == nullptr)
-      return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': null buffer for a non-empty shard");
-    if (it.device != Device::kHost)
-      return Status(ErrorCode::kUnsupported, "key '" + it.key + "': device buffers need the CUDA staging build");
-  }
+  for (const auto& it : state.items())
+    if (Status st = check_item_buffer(it); !st.ok()) return st.with_context("key '" + it.key + "'");
   return Status::Ok();
 }
 
@@ -247,11 +257,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   metrics::log().debug("write phase: create+pieces {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s",
                        t_pieces - t0, t_synced - t_pieces, t_write - t_synced);
   report.write_s = t_write - t0;
-  for (const auto& t : tensors) {
-    uint64_t n = dtype_size(t.dtype);
-    for (auto s : t.shape) n *= static_cast<uint64_t>(s);
-    report.bytes_total += n;
-  }
+  for (const auto& t : tensors) report.bytes_total += tensor_nbytes(t);
 
   // Phase 4: checksums to the coordinator, which writes the metadata and commits.
   ByteWriter w;
@@ -274,8 +280,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
       ti.key = tensors[t].key;
       ti.dtype = tensors[t].dtype;
       ti.shape = tensors[t].shape;
-      ti.nbytes = dtype_size(ti.dtype);
-      for (auto s : ti.shape) ti.nbytes *= static_cast<uint64_t>(s);
+      ti.nbytes = tensor_nbytes(tensors[t]);
       ti.file_offset = offsets[t];
       for (const auto& reg : tensors[t].regions) ti.regions.push_back(SavedRegion{reg.shard, reg.writer, 0});
       info.tensors.push_back(std::move(ti));
