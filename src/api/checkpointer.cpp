@@ -16,12 +16,14 @@
 namespace h5ckpt {
 
 struct Checkpointer::Impl {
-  Impl(const Topology& t, const CheckpointerOptions& o) : topology(&t), options(o), async(t.impl(), o) {}
+  Impl(const Topology& t, const CheckpointerOptions& o) : topology(&t), options(o), async(t.impl(), o, pool) {}
   const Topology* topology;
   CheckpointerOptions options;
   engine::PlanCache plan_cache;
   engine::LoadPlanCache load_cache;
   std::map<std::string, std::string> attributes;
+  engine::StagingPool pool;  // declared before `async`, which uses it until it is destroyed
+  engine::DeviceLink device_link;
   engine::AsyncSaver async;
 };
 
@@ -40,7 +42,7 @@ void Checkpointer::wait_pending() {
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
   wait_pending();
   return engine::save(impl_->topology->impl(), state, path, options, impl_->attributes, impl_->plan_cache,
-                      impl_->options);
+                      impl_->options, impl_->pool);
 }
 
 Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::string& path,
@@ -65,7 +67,8 @@ Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::s
 
 Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
   wait_pending();
-  auto r = engine::load(impl_->topology->impl(), state, path, options, impl_->options, impl_->load_cache);
+  auto r = engine::load(impl_->topology->impl(), state, path, options, impl_->options, impl_->load_cache,
+                        impl_->pool, impl_->device_link);
   if (r.ok()) engine::record_metrics(impl_->topology->impl(), impl_->options, *r);
   return r;
 }

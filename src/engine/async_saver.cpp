@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "device/staging.h"
 #include "metrics/log.h"
 
 namespace h5ckpt::engine {
@@ -14,6 +15,19 @@ namespace {
 class StagedSource : public PieceSource {
  public:
   explicit StagedSource(StagingPool& pool) : pool_(pool) {}
+  void fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = st;
+  }
+  Status status() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  /// Blocks until the writer has finished with every piece (for pieces that were not copied).
+  void wait_drained() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return closed_ && queue_.empty() && in_use_ == 0; });
+  }
   void push(const Piece& p) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -34,24 +48,33 @@ class StagedSource : public PieceSource {
     if (queue_.empty()) return std::nullopt;
     Piece p = queue_.front();
     queue_.pop_front();
+    ++in_use_;
     return p;
   }
   void done(const Piece& p) override {
-    if (p.bytes) pool_.release();
+    if (p.bytes && staged_) pool_.release();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --in_use_;
+    }
+    cv_.notify_all();
   }
+  bool staged_ = true;  ///< pieces live in the pool (false: in the caller's buffers)
 
  private:
   StagingPool& pool_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Piece> queue_;
+  int in_use_ = 0;
   bool closed_ = false;
+  Status status_;
 };
 
 }  // namespace
 
-AsyncSaver::AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options)
-    : topo_(topo), options_(options) {}
+AsyncSaver::AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options, StagingPool& pool)
+    : topo_(topo), options_(options), pool_(pool) {}
 
 AsyncSaver::~AsyncSaver() { finish_pending(); }
 
@@ -97,12 +120,18 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   for (const auto& t : *plan)
     for (const auto& reg : t.regions)
       if (reg.writer == topo_.world.rank()) mine += static_cast<uint64_t>(reg.shard.numel()) * dtype_size(t.dtype);
-  pool_.reserve(options_.staging_bytes ? options_.staging_bytes : mine);
-  const uint64_t piece_max = std::max<uint64_t>(1, std::min<uint64_t>(options_.max_piece_bytes, pool_.capacity()));
+  const uint64_t wanted = options_.staging_bytes ? options_.staging_bytes : mine;
+  pool_.reserve(wanted);
+  // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
+  // buffers and returns once they are written, which is correct, only not asynchronous.
+  const bool staged = mine == 0 || pool_.capacity() > 0;
+  const uint64_t piece_max = std::max<uint64_t>(
+      1, std::min<uint64_t>(options_.max_piece_bytes, staged && mine ? pool_.capacity() : options_.max_piece_bytes));
   std::vector<Piece> pieces = my_pieces(topo_.world.rank(), *plan, state, piece_max);
 
   auto st = std::make_shared<SaveHandle::State>();
   auto source = std::make_shared<StagedSource>(pool_);
+  source->staged_ = staged;
   const Topology::Impl& io = *io_comms_;
   const CheckpointerOptions copts = options_;
   worker_ = std::thread([st, source, plan, path, options, copts, attributes, report, &io] {
@@ -126,13 +155,23 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   // The blocking part: copy this rank's pieces into the pool (waiting only if it is full).
   const double t_snap = now_s();
   uint64_t blocked = 0;
+  device::Staging& dev = device::staging();
   for (Piece p : pieces) {
-    if (p.bytes) {
+    if (p.bytes && staged) {
       bool waited = false;
       char* dst = pool_.acquire(p.bytes, &waited);
-      std::memcpy(dst, p.data, p.bytes);
+      if (!p.on_device) {
+        std::memcpy(dst, p.data, p.bytes);
+      } else {  // device to pinned pool; the writer may only see it once the copy is done
+        Status st = dev.copy_to_host(dst, p.data, p.bytes);
+        if (st.ok()) st = dev.synchronize();
+        if (!st.ok()) source->fail(st.with_context("staging a device piece"));
+        p.on_device = false;
+      }
       if (waited) blocked += p.bytes;
       p.data = dst;
+    } else if (p.on_device) {
+      source->fail(Status(ErrorCode::kIo, "no host staging memory for device buffers"));
     }
     source->push(p);
   }
@@ -142,6 +181,11 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     st->blocked_bytes = blocked;
   }
   source->close();
+  if (!staged) {
+    metrics::log().warn("could not allocate {} bytes of staging: this rank's part of the save ran synchronously",
+                        wanted);
+    source->wait_drained();
+  }
   if (blocked)
     metrics::log().warn("staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
                         "waiting for the writer", pool_.capacity(), blocked);

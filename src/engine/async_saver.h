@@ -27,7 +27,8 @@ namespace engine {
 
 class AsyncSaver {
  public:
-  AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options);
+  /// `pool` outlives the saver; loads and synchronous saves use it only after finish_pending().
+  AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options, StagingPool& pool);
   ~AsyncSaver();
 
   /// See Checkpointer::save_async. Collective over topo.world.
@@ -42,7 +43,7 @@ class AsyncSaver {
   const Topology::Impl& topo_;
   CheckpointerOptions options_;
   std::unique_ptr<Topology::Impl> io_comms_;  // duplicates used only by the I/O thread
-  StagingPool pool_;
+  StagingPool& pool_;
   std::thread worker_;
   std::shared_ptr<SaveHandle::State> pending_;
 };

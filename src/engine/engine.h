@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "comm/topology_impl.h"
+#include "comm/transport.h"
+#include "engine/staging_pool.h"
 #include "h5ckpt/checkpointer.h"
 #include "planner/save_planner.h"
 
@@ -22,7 +24,8 @@ struct PlanCache {
   TensorPlans tensors;  ///< null: nothing cached
 };
 
-/// Checks one item's shard against its shape and that its buffer is usable (host, non-null).
+/// Checks one item's shard against its shape and that its buffer is usable (non-null; device
+/// memory only where a device runtime is present).
 Status check_item_buffer(const StateItem& item);
 
 /// Hash of this rank's state structure (keys, dtypes, shapes, shards; not the data).
@@ -37,6 +40,7 @@ struct Piece {
   const char* data = nullptr;
   uint64_t bytes = 0;
   bool region_end = false;  ///< last piece of its region (its checksum is complete)
+  bool on_device = false;   ///< `data` is device memory: it must be staged before writing
 };
 
 /// This rank's pieces, pointing into the caller's buffers, each at most max_bytes.
@@ -51,6 +55,15 @@ class PieceSource {
   virtual std::optional<Piece> next() = 0;
   /// Called once the piece's bytes are no longer needed.
   virtual void done(const Piece&) {}
+  /// A failure of the source itself (a device copy); the writer fails the save with it.
+  virtual Status status() { return Status::Ok(); }
+};
+
+/// Device links that outlive one load: the device transport (NCCL), created collectively the
+/// first time a load moves device bytes between ranks, and reused.
+struct DeviceLink {
+  std::unique_ptr<comm::Transport> transport;
+  bool tried = false;  ///< creation was attempted (same on every rank)
 };
 
 /// Phase 1, collective over topo.world: local checks, then the global plan (from `cache` when
@@ -67,10 +80,11 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
                                     const std::map<std::string, std::string>& attributes, PieceSource& source,
                                     SaveReport report);
 
-/// Synchronous save: prepare_save, then write_and_commit straight from the caller's buffers.
+/// Synchronous save: prepare_save, then write_and_commit straight from the caller's host
+/// buffers; device buffers are staged through `pool` in two halves (copy k+1 while writing k).
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, const CheckpointerOptions& copts);
+                        PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool);
 
 /// What one rank does for one of its items in a load.
 enum class Role : int32_t { kSkip = 0, kRead = 1, kReceive = 2 };
@@ -89,11 +103,16 @@ struct LoadPlanCache {
   uint64_t data_size = 0;
   std::shared_ptr<const CheckpointInfo> info;  ///< null: nothing cached
   std::vector<ItemRole> roles;
+  bool any_device = false;        ///< some rank loads into device memory
+  bool device_transport = false;  ///< device replicas move over DeviceLink::transport
 };
 
-/// Collective load over topo.world (see Checkpointer::load).
+/// Collective load over topo.world (see Checkpointer::load). Device items are read (or
+/// received) into host staging from `pool`, then copied to the device while later items are read;
+/// replicas of device items move over the device transport when every rank has one.
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
-                        const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache);
+                        const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache,
+                        StagingPool& pool, DeviceLink& link);
 
 /// Writes the metrics file of a finished save/load when enabled (collective; never fails the op).
 void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r);

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "comm/transport.h"
+#include "device/staging.h"
 #include "engine/engine.h"
 #include "engine/plan_codec.h"
 #include "metrics/log.h"
@@ -103,10 +104,44 @@ Result<std::vector<ItemRole>> decode_roles(const std::string& bytes) {
   return roles;
 }
 
-// Identical bytes <=> identical signature: key, dtypes, shapes, shard, padding flag.
+// Identical bytes <=> identical signature: key, dtypes, shapes, shard, padding flag. Where the
+// buffer lives is part of it too, so a group's members are all host or all device buffers.
 std::string request_signature(const StateItem& item) {
   std::vector<planner::ItemDesc> d{{item.key, item.dtype, item.global_shape, item.shard}};
-  return encode_items(d) + (item.allow_shape_mismatch ? "P" : "-");
+  return encode_items(d) + (item.allow_shape_mismatch ? "P" : "-") + (device::is_device_item(item) ? "D" : "H");
+}
+
+// Collective: makes the device transport the first time any rank has device replicas to move.
+// Every rank ends with a transport or none does (then device replicas go over MPI via host
+// staging, with a warning).
+Status plan_device(const Topology::Impl& topo, const StateDict& state, LoadPlanCache& cache, DeviceLink& link) {
+  const auto& roles = cache.roles;
+  int mine[2] = {0, 0}, any[2] = {0, 0};  // {device items at all, device replicas to move}
+  for (size_t i = 0; i < roles.size(); ++i)
+    if (roles[i].role != Role::kSkip && device::is_device_item(state.items()[i])) {
+      mine[0] = 1;
+      if (!roles[i].targets.empty() || roles[i].role == Role::kReceive) mine[1] = 1;
+    }
+  const MPI_Comm world = topo.world.get();
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, world), "MPI_Allreduce"));
+  cache.any_device = any[0] != 0;
+  cache.device_transport = false;
+  if (!any[1]) return Status::Ok();
+  if (!link.tried) {
+    link.tried = true;
+    std::string why;
+    link.transport = device::make_device_transport(world, device::staging(), &why);
+    int have = link.transport != nullptr, all = 0;
+    H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
+    if (!all) {
+      link.transport.reset();
+      if (topo.world.rank() == topo.coordinator)
+        metrics::log().warn("no device transport ({}): device replicas are exchanged over MPI through host memory",
+                            why.empty() ? "another rank has none" : why);
+    }
+  }
+  cache.device_transport = link.transport != nullptr;
+  return Status::Ok();
 }
 
 // Gathers every rank's requests, plans on the coordinator, scatters each rank its roles.
@@ -172,7 +207,8 @@ Result<std::vector<ItemRole>> plan_roles(const Topology::Impl& topo, const State
 }  // namespace
 
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
-                        const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache) {
+                        const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache,
+                        StagingPool& pool, DeviceLink& link) {
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
   LoadReport report;
@@ -237,6 +273,7 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     }
     H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
     H5CKPT_ASSIGN_OR_RETURN(cache.roles, plan_roles(topo, state, skip, options.zero_redundancy));
+    H5CKPT_RETURN_IF_ERROR(plan_device(topo, state, cache, link));
     cache.meta_hash = meta_hash;
     cache.local_signature = sig;
     cache.data_size = reader->file_size();
@@ -257,16 +294,59 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
 
   // Phase 3: post every receive, then read in group order, sending each item to its replicas
   // as soon as it is read (the transfers overlap the next reads).
-  auto transport = comm::make_mpi_transport(world);
-  report.transport = transport->name();
+  auto mpi = comm::make_mpi_transport(world);
+  comm::Transport* dev_transport = cache.device_transport ? link.transport.get() : nullptr;
+  report.transport = dev_transport ? std::string(mpi->name()) + "+" + dev_transport->name() : mpi->name();
   std::vector<size_t> order(roles.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return roles[a].group < roles[b].group; });
   auto bytes_of = [&](const StateItem& it) { return static_cast<uint64_t>(it.shard.numel()) * dtype_size(it.dtype); };
+
+  // Device items: their bytes land in host staging from the pool (reads, MPI receives) and go
+  // to the device while later items are read; over a device transport, replicas receive
+  // straight into device memory. dev[i] keeps the caller's pointer; the item points at its
+  // staging until the guard restores it.
+  device::Staging& staging = device::staging();
+  std::vector<void*> dev(roles.size(), nullptr);
+  struct Restore {
+    StateDict& s;
+    std::vector<void*>& dev;
+    ~Restore() {
+      for (size_t i = 0; i < dev.size(); ++i)
+        if (dev[i]) s.items()[i].data = dev[i];
+    }
+  } restore{state, dev};
+  if (cache.any_device) {  // same on every rank: the staging outcome is agreed
+    std::vector<size_t> staged;
+    uint64_t staged_bytes = 0;
+    for (size_t i = 0; i < roles.size(); ++i) {
+      const StateItem& it = state.items()[i];
+      if (roles[i].role == Role::kSkip || !device::is_device_item(it)) continue;
+      if (!(roles[i].role == Role::kReceive && dev_transport)) {
+        staged.push_back(i);
+        staged_bytes += (bytes_of(it) + 63) / 64 * 64;
+      }
+      dev[i] = it.data;
+    }
+    Status st;
+    if (staged_bytes) {
+      pool.reserve(staged_bytes);
+      if (pool.capacity() < staged_bytes)
+        st = Status(ErrorCode::kIo, "could not allocate " + std::to_string(staged_bytes) +
+                                        " bytes of host staging for device buffers");
+    }
+    H5CKPT_RETURN_IF_ERROR(comm::agree(st, world).with_context(where));
+    uint64_t off = 0;
+    for (size_t i : staged) {
+      state.items()[i].data = pool.base() + off;
+      off += (bytes_of(state.items()[i]) + 63) / 64 * 64;
+    }
+  }
+  auto via = [&](size_t i) -> comm::Transport& { return dev[i] && dev_transport ? *dev_transport : *mpi; };
   for (size_t i : order) {
     if (roles[i].role != Role::kReceive) continue;
     StateItem& it = state.items()[i];
-    Status s = transport->post_recv(roles[i].peer, it.data, bytes_of(it), roles[i].group & 0x7fff);
+    Status s = via(i).post_recv(roles[i].peer, it.data, bytes_of(it), roles[i].group & 0x7fff);
     if (local.ok() && !s.ok()) local = s;
     report.bytes_received += bytes_of(it);
   }
@@ -316,21 +396,38 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
       cv.wait(lock, [&] { return read_done[k] != 0; });
       if (local.ok() && !read_status[k].ok()) local = read_status[k];
     }
+    if (dev[i] && local.ok()) {  // to the device while the next items are read
+      Status s = staging.copy_to_device(dev[i], it.data, bytes_of(it));
+      if (!s.ok()) local = s.with_context("key '" + it.key + "'");
+    }
     // Send even after a failure, so the receivers are not left waiting; the agreement below
-    // fails the whole load anyway.
+    // fails the whole load anyway. A device transport sends from device memory, ordered after
+    // the copy above.
+    const void* from = dev[i] && dev_transport ? dev[i] : it.data;
     for (int32_t peer : roles[i].targets) {
-      Status s = transport->post_send(peer, it.data, bytes_of(it), roles[i].group & 0x7fff);
+      Status s = via(i).post_send(peer, from, bytes_of(it), roles[i].group & 0x7fff);
       if (local.ok() && !s.ok()) local = s;
       report.bytes_sent += bytes_of(it);
     }
-    (void)transport->progress();
+    (void)mpi->progress();
   }
   if (main_reader.joinable()) main_reader.join();
   for (auto& h : helpers) h.join();
   const double t_read = now_s();
   report.read_s = t_read - t_plan;
-  Status done = transport->wait_all();
+  Status done = mpi->wait_all();
   if (local.ok()) local = done;
+  if (dev_transport) {
+    done = dev_transport->wait_all();
+    if (local.ok()) local = done;
+  }
+  if (cache.any_device) {  // received device items staged in host memory go up now
+    for (size_t i = 0; i < roles.size() && local.ok(); ++i)
+      if (dev[i] && roles[i].role == Role::kReceive && !dev_transport)
+        local = staging.copy_to_device(dev[i], state.items()[i].data, bytes_of(state.items()[i]));
+    done = staging.synchronize();
+    if (local.ok()) local = done;
+  }
   report.bytes_read = (reader ? reader->bytes_read() : 0) + extra_bytes.load();
   H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
   const double t_end = now_s();

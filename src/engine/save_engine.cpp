@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "device/staging.h"
 #include "engine/engine.h"
 #include "engine/plan_codec.h"
 #include "metrics/log.h"
@@ -25,8 +26,15 @@ Status check_item_buffer(const StateItem& item) {
   H5CKPT_RETURN_IF_ERROR(item.shard.validate(item.global_shape));
   if (item.shard.numel() > 0 && item.data == nullptr)
     return Status(ErrorCode::kInvalidArgument, "null buffer for a non-empty shard");
-  if (item.device != Device::kHost)
-    return Status(ErrorCode::kUnsupported, "device buffers need the CUDA staging build");
+  if (item.device == Device::kCuda) {
+    device::Staging& s = device::staging();
+    if (!s.has_device())
+      return Status(ErrorCode::kUnsupported,
+                    "device buffer, but no GPU runtime is available here (h5ckpt built without CUDA, or no GPU "
+                    "visible)");
+    if (item.data && !s.is_device_pointer(item.data))
+      return Status(ErrorCode::kInvalidArgument, "declared as device memory, but the pointer is not device memory");
+  }
   return Status::Ok();
 }
 
@@ -98,10 +106,12 @@ std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& t
     for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
       const auto& reg = tensors[t].regions[r];
       if (reg.writer != rank) continue;
-      const char* data = static_cast<const char*>(state.find(tensors[t].key)->data);
+      const StateItem& item = *state.find(tensors[t].key);
+      const char* data = static_cast<const char*>(item.data);
+      const bool dev = device::is_device_item(item);
       const int64_t n = reg.shard.numel();
       if (n <= per) {  // the common case: the region in one piece, as planned
-        out.push_back(Piece{(int)t, (int)r, reg.shard, data, static_cast<uint64_t>(n) * es, true});
+        out.push_back(Piece{(int)t, (int)r, reg.shard, data, static_cast<uint64_t>(n) * es, true, dev});
         continue;
       }
       // Large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
@@ -109,7 +119,7 @@ std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& t
       for (int64_t b = 0; b < n; b += per) {
         const int64_t e = std::min(n, b + per);
         out.push_back(Piece{(int)t, (int)r, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e), data + b * es,
-                            static_cast<uint64_t>(e - b) * es, e == n});
+                            static_cast<uint64_t>(e - b) * es, e == n, dev});
       }
     }
   }
@@ -153,6 +163,48 @@ class DirectSource : public PieceSource {
  private:
   std::vector<Piece> pieces_;
   size_t i_ = 0;
+};
+
+// Pieces from the caller's buffers where device pieces are copied into one of two halves of
+// the pool first: the copy of the next device piece runs while the writer writes this one.
+class DeviceStagedSource : public PieceSource {
+ public:
+  DeviceStagedSource(std::vector<Piece> pieces, char* halves, uint64_t half_bytes, Status status)
+      : pieces_(std::move(pieces)), half_{halves, halves + half_bytes}, status_(std::move(status)) {}
+  std::optional<Piece> next() override {
+    if (i_ == pieces_.size()) return std::nullopt;
+    Piece p = pieces_[i_++];
+    if (!p.on_device) return p;
+    if (!started_) start(i_ - 1);  // the first device piece (later ones were prefetched)
+    if (status_.ok()) status_ = staging_.wait(marker_);
+    p.data = half_[slot_];
+    p.on_device = false;
+    started_ = false;
+    // The other half held the previous device piece, whose done() came before this next().
+    for (size_t j = i_; j < pieces_.size(); ++j)
+      if (pieces_[j].on_device) {
+        slot_ ^= 1;
+        start(j);
+        break;
+      }
+    return p;
+  }
+  Status status() override { return status_; }
+
+ private:
+  void start(size_t j) {
+    if (status_.ok()) status_ = staging_.copy_to_host(half_[slot_], pieces_[j].data, pieces_[j].bytes);
+    marker_ = staging_.record();
+    started_ = true;
+  }
+  std::vector<Piece> pieces_;
+  char* half_[2];
+  device::Staging& staging_ = device::staging();
+  size_t i_ = 0;
+  int slot_ = 0;
+  bool started_ = false;
+  uint64_t marker_ = 0;
+  Status status_;
 };
 
 void drain(PieceSource& source) {
@@ -221,6 +273,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   XXH3_state_t* hs = XXH3_createState();
   bool region_open = false;
   while (auto piece = source.next()) {
+    if (local.ok()) local = source.status();  // a failed staging copy: its bytes are not there
     if (local.ok()) {
       if (options.checksums) {
         if (!region_open) XXH3_64bits_reset(hs);
@@ -315,13 +368,28 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
 
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, const CheckpointerOptions& copts) {
+                        PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool) {
   const double t0 = now_s();
   SaveReport report;
   auto plan = prepare_save(topo, state, cache, report);
   if (!plan.ok()) return plan.status().with_context("save '" + path + "'");
-  DirectSource source(my_pieces(topo.world.rank(), **plan, state, copts.max_piece_bytes));
-  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, **plan, path, options, copts, attributes, source, report));
+  bool any_device = false;
+  for (const auto& it : state.items()) any_device = any_device || device::is_device_item(it);
+  std::unique_ptr<PieceSource> source;
+  if (!any_device) {
+    source = std::make_unique<DirectSource>(my_pieces(topo.world.rank(), **plan, state, copts.max_piece_bytes));
+  } else {
+    // Device pieces are bounded by half the pool (or 64 MiB when the pool is unbounded).
+    const uint64_t half = std::max<uint64_t>(
+        1, std::min<uint64_t>(copts.max_piece_bytes, copts.staging_bytes ? copts.staging_bytes / 2 : 64ull << 20));
+    pool.reserve(2 * half);
+    Status staged = pool.capacity() >= 2 * half ? Status::Ok()
+                                                : Status(ErrorCode::kIo, "could not allocate " + std::to_string(2 * half) +
+                                                                             " bytes of host staging for device buffers");
+    source = std::make_unique<DeviceStagedSource>(my_pieces(topo.world.rank(), **plan, state, half), pool.base(),
+                                                  half, std::move(staged));
+  }
+  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, **plan, path, options, copts, attributes, *source, report));
   report.total_s = now_s() - t0;
   record_metrics(topo, copts, report);
   metrics::log().info("saved '{}': {} bytes written here, plan {:.3f}s{} write {:.3f}s commit {:.3f}s",

@@ -1,18 +1,25 @@
 #include "engine/staging_pool.h"
 
-#include <sys/mman.h>
-
-#include <cstdlib>
 #include <cstring>
+
+#include "device/staging.h"
 
 namespace h5ckpt::engine {
 
-StagingPool::~StagingPool() { std::free(base_); }
+StagingPool::~StagingPool() { free_memory(); }
+
+void StagingPool::free_memory() {
+  if (base_) allocator_->free_host(base_, capacity_);
+  base_ = nullptr;
+  capacity_ = 0;
+}
 
 void StagingPool::reserve(size_t bytes) {
-  if (bytes <= capacity_) return;
-  std::free(base_);
-  base_ = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  if (bytes == 0) return;
+  if (bytes <= capacity_ && allocator_ == &device::staging()) return;
+  free_memory();
+  allocator_ = &device::staging();
+  base_ = static_cast<char*>(allocator_->alloc_host(bytes));
   capacity_ = base_ ? bytes : 0;
   // Touch every page now: first-touch faults would otherwise land in the timed snapshot.
   if (base_) std::memset(base_, 0, capacity_);

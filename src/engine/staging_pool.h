@@ -1,5 +1,7 @@
 // A bounded host staging area reused across saves: a FIFO ring the snapshot fills and the
 // background writer drains, so a save can snapshot while earlier pieces are still being written.
+// Its memory comes from the device seam (page-locked when a GPU runtime is present), and loads
+// and synchronous saves of device buffers borrow it while no asynchronous save is running.
 #pragma once
 
 #include <condition_variable>
@@ -7,6 +9,10 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+
+namespace h5ckpt::device {
+class Staging;
+}
 
 namespace h5ckpt::engine {
 
@@ -20,6 +26,8 @@ class StagingPool {
   /// Allocates `bytes` of page-touched memory if the pool is smaller; call only while idle.
   void reserve(size_t bytes);
   size_t capacity() const { return capacity_; }
+  /// The whole pool, for a caller that uses it outside the ring (only while idle).
+  char* base() { return base_; }
 
   /// Reserves `n` contiguous bytes (0 < n <= capacity), waiting until the consumer released
   /// enough. Sets *waited when it had to wait.
@@ -34,6 +42,8 @@ class StagingPool {
   bool fits(size_t n, size_t* offset) const;
   std::mutex mu_;
   std::condition_variable cv_;
+  void free_memory();
+  device::Staging* allocator_ = nullptr;  // who allocated base_
   char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t head_ = 0;  // next free byte
