@@ -47,7 +47,7 @@ class SimulatedStaging final : public Staging {
     void* p = ::mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return nullptr;
     std::lock_guard<std::mutex> lock(alloc_mu_);
-    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, reserved, std::vector<char>(bytes)};
+    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, reserved, std::vector<char>(std::max<size_t>(bytes, 1))};
     return p;
   }
   void free_device(void* p) override {
@@ -61,6 +61,7 @@ class SimulatedStaging final : public Staging {
   Status copy_to_host(void* host, const void* dev, size_t bytes) override {
     char* src = backing(dev, bytes);
     if (!src) return out_of_range(dev, bytes);
+    std::memset(host, kPoison, bytes);  // whoever reads it before the copy completes sees this
     enqueue([=] { std::memcpy(host, src, bytes); });
     return Status::Ok();
   }
@@ -96,6 +97,7 @@ class SimulatedStaging final : public Staging {
     if (off >= std::max<size_t>(it->second.bytes, 1) || off + bytes > it->second.bytes) return nullptr;
     return it->second.data.data() + off;
   }
+  static constexpr int kPoison = 0xcd;
   static Status out_of_range(const void* p, size_t bytes) {
     return Status(ErrorCode::kInvalidArgument,
                   "simulated device copy of " + std::to_string(bytes) + " bytes outside any device allocation");

@@ -56,9 +56,10 @@ std::unique_ptr<Staging> make_host_staging();
 /// A CPU stand-in for a GPU, so the staging and device-transport paths run where no GPU is.
 /// Its "device memory" is address space with no access rights (touching it from host code
 /// crashes, as it would on a GPU); the bytes live elsewhere and only its copies reach them. The
-/// copies run on a worker thread, each delayed by `copy_latency_us`, so a caller that uses bytes
-/// before waiting for their copy reads stale data.
-std::unique_ptr<Staging> make_simulated_staging(int copy_latency_us = 200);
+/// copies run on a worker thread, each delayed by `copy_latency_us`, and a device-to-host copy
+/// fills its destination with a poison byte when it starts, so a caller that uses bytes before
+/// waiting for their copy reads wrong data.
+std::unique_ptr<Staging> make_simulated_staging(int copy_latency_us = 1000);
 
 /// True when `item`'s buffer is device memory (declared by the caller or detected).
 bool is_device_item(const StateItem& item);

@@ -1,0 +1,174 @@
+// Device buffers on machines without a GPU: the simulated device (inaccessible "device" memory,
+// asynchronous in-order copies) runs the staging and device-transport paths of save, save_async
+// and load. Any host access to device memory by the library crashes the test; bytes used before
+// their copy completed show up as wrong values.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "device/staging.h"
+#include "support/device_mirror.h"
+#include "support/test_model.h"
+
+using h5ckpt::testing::sum_all;
+using h5ckpt::testing::world_size;
+
+using namespace h5ckpt;
+using h5ckpt::testing::Layout;
+using h5ckpt::testing::DeviceMirror;
+using h5ckpt::testing::TestModel;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool all(const std::string&) { return true; }
+bool model_only(const std::string& key) { return key.rfind("model/", 0) == 0; }
+
+class DeviceState : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { device::set_staging_for_testing(device::make_simulated_staging()); }
+  static void TearDownTestSuite() { device::set_staging_for_testing(nullptr); }
+  void SetUp() override {
+    root_ = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "device");
+    ASSERT_FALSE(root_.empty());
+  }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (h5ckpt::testing::world_rank() == 0) fs::remove_all(root_);
+  }
+  void expect_same(const std::string& a, const std::string& b) {
+    std::string why;
+    int ok = h5ckpt::testing::same_datasets(a, b, &why) ? 1 : 0, every = 0;
+    MPI_Allreduce(&ok, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    EXPECT_TRUE(ok) << why;
+    EXPECT_EQ(every, 1);
+  }
+  std::string root_;
+};
+
+Layout layout_for(int n, bool zero) {
+  const int tp = n % 2 == 0 ? 2 : 1, pp = n % 4 == 0 ? 2 : 1;
+  return Layout{tp, n / (tp * pp), pp, zero};
+}
+
+TEST_F(DeviceState, SyncSaveFromDeviceEqualsHostSave) {
+  const Layout L = layout_for(world_size(), true);
+  auto topo = Topology::create(MPI_COMM_WORLD, {L.tp, L.dp, L.pp});
+  ASSERT_TRUE(topo.ok());
+  TestModel model(L, topo->coords(), true);
+  for (bool declare : {true, false}) {  // declared kCuda, or detected from the pointer
+    DeviceMirror mirror(model.state(), all, declare);
+    ASSERT_GT(mirror.device_items(), 0u);
+    CheckpointerOptions o;
+    o.max_piece_bytes = 4096;  // many pieces: the two staging halves alternate many times
+    Checkpointer ck(*topo, o);
+    const std::string dev_path = root_ + (declare ? "/dev_declared" : "/dev_detected");
+    auto r = ck.save(mirror.state(), dev_path);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    if (declare) {
+      auto h = ck.save(model.state(), root_ + "/host");
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+    }
+    expect_same(dev_path, root_ + "/host");
+  }
+}
+
+TEST_F(DeviceState, AsyncSaveSnapshotsDeviceBytesBeforeReturning) {
+  int level = 0;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) GTEST_SKIP() << "MPI without MPI_THREAD_MULTIPLE: save_async is synchronous";
+  const Layout L = layout_for(world_size(), true);
+  auto topo = Topology::create(MPI_COMM_WORLD, {L.tp, L.dp, L.pp});
+  ASSERT_TRUE(topo.ok());
+  TestModel model(L, topo->coords(), true);
+  {
+    Checkpointer ck(*topo);
+    ASSERT_TRUE(ck.save(model.state(), root_ + "/host").ok());
+  }
+  for (uint64_t bound : {uint64_t{0}, uint64_t{64} << 10}) {  // whole state, then a pool it must cycle
+    DeviceMirror mirror(model.state(), model_only, true);
+    CheckpointerOptions o;
+    o.staging_bytes = bound;
+    Checkpointer ck(*topo, o);
+    const std::string p = root_ + "/async" + std::to_string(bound);
+    auto h = ck.save_async(mirror.state(), p);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    mirror.scribble();  // the caller's next step overwrites device memory at once
+    auto r = h->wait();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_TRUE(r->async);
+    expect_same(p, root_ + "/host");
+  }
+}
+
+// Loads into device memory under every layout of this world, from a checkpoint saved under
+// pure TP, with zero-redundancy on (replicas over the device transport) and off.
+TEST_F(DeviceState, LoadIntoDeviceReshardsExactly) {
+  const int n = world_size();
+  {
+    auto t = Topology::create(MPI_COMM_WORLD, {n, 1, 1});
+    ASSERT_TRUE(t.ok());
+    TestModel m(Layout{n, 1, 1, false}, t->coords(), true);
+    Checkpointer ck(*t);
+    ASSERT_TRUE(ck.save(m.state(), root_ + "/ckpt").ok());
+  }
+  for (const Layout& L : h5ckpt::testing::layouts_for(n)) {
+    auto topo = Topology::create(MPI_COMM_WORLD, {L.tp, L.dp, L.pp});
+    ASSERT_TRUE(topo.ok());
+    Checkpointer ck(*topo);
+    for (bool zr : {true, false}) {
+      for (auto* which : {&all, &model_only}) {
+        TestModel m(L, topo->coords(), false);
+        DeviceMirror mirror(m.state(), which, true);
+        LoadOptions o;
+        o.zero_redundancy = zr;
+        auto r = ck.load(mirror.state(), root_ + "/ckpt", o);
+        ASSERT_TRUE(r.ok()) << L.name() << ": " << r.status().to_string();
+        mirror.download();
+        std::string first;
+        EXPECT_EQ(m.count_mismatches(&first), 0) << L.name() << (zr ? " zr" : "") << ": " << first;
+        if (zr && L.dp > 1) {
+          EXPECT_GT(sum_all(r->bytes_received), 0u) << L.name();
+          EXPECT_NE(r->transport.find("simulated-device"), std::string::npos) << r->transport;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(DeviceState, DeclaredDeviceBufferThatIsHostMemoryIsRefused) {
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, world_size(), 1});
+  ASSERT_TRUE(topo.ok());
+  std::vector<float> host(16, 1.0f);
+  StateDict s;
+  s.add("model/w", DType::kF32, {16}, ShardSpec::whole({16}), host.data(), Device::kCuda);
+  Checkpointer ck(*topo);
+  auto r = ck.save(s, root_ + "/bad");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("model/w"), std::string::npos) << r.status().to_string();
+  EXPECT_FALSE(fs::exists(root_ + "/bad"));
+}
+
+TEST(HostOnlyStaging, DeviceBuffersAreRefusedWithoutAGpuRuntime) {
+  if (device::staging().has_device()) GTEST_SKIP() << "a GPU runtime is present here";
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, world_size(), 1});
+  ASSERT_TRUE(topo.ok());
+  std::vector<float> buf(8, 2.0f);
+  StateDict s;
+  s.add("model/w", DType::kF32, {8}, ShardSpec::whole({8}), buf.data(), Device::kCuda);
+  const std::string dir = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "hostonly");
+  {
+    Checkpointer ck(*topo);
+    auto w = ck.save(s, dir + "/c");
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), ErrorCode::kUnsupported) << w.status().to_string();
+    EXPECT_NE(w.status().message().find("no GPU runtime"), std::string::npos) << w.status().to_string();
+    EXPECT_NE(w.status().message().find("model/w"), std::string::npos) << w.status().to_string();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (h5ckpt::testing::world_rank() == 0) fs::remove_all(dir);
+}
+
+}  // namespace
