@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "device/staging.h"
 #include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
@@ -126,6 +127,41 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// Device copies of every buffer of a state, and a StateDict over them (--device).
+class DeviceState {
+ public:
+  DeviceState(const StateDict& host, device::Staging& s) : s_(s) {
+    for (const auto& it : host.items()) {
+      const size_t n = static_cast<size_t>(it.shard.numel()) * dtype_size(it.dtype);
+      void* d = n ? s_.alloc_device(n) : nullptr;
+      if (n && !d) die("cannot allocate " + std::to_string(n) + " bytes of device memory");
+      if (n && !s_.copy_to_device(d, it.data, n).ok()) die("host-to-device copy failed");
+      bufs_.push_back({d, it.data, n});
+      sd_.add(it.key, it.dtype, it.global_shape, it.shard, d, Device::kCuda);
+    }
+    if (!s_.synchronize().ok()) die("device synchronize failed");
+  }
+  ~DeviceState() {
+    for (auto& b : bufs_) s_.free_device(b.device);
+  }
+  StateDict& state() { return sd_; }
+  uint64_t bytes() const {
+    uint64_t n = 0;
+    for (auto& b : bufs_) n += b.bytes;
+    return n;
+  }
+
+ private:
+  struct Buf {
+    void* device;
+    void* host;
+    size_t bytes;
+  };
+  device::Staging& s_;
+  StateDict sd_;
+  std::vector<Buf> bufs_;
+};
+
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
   bool zero = false;
@@ -155,7 +191,7 @@ int main(int argc, char** argv) {
   int repeats = 3;
   bool no_prewarm = false, no_drop = false, keep = false;
   uint64_t staging = 0;
-  std::string config_file;
+  std::string config_file, device_kind = "none";
   app.add_option("--tp", save_l.tp, "save layout: tensor parallel size");
   app.add_option("--pp", save_l.pp, "save layout: pipeline parallel size");
   app.add_option("--dp", save_l.dp, "save layout: data parallel size (default: world / (tp*pp))");
@@ -173,6 +209,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-prewarm", no_prewarm, "do not re-touch buffers before each timed phase");
   app.add_flag("--no-drop-caches", no_drop, "do not drop the page cache before reads (needs root)");
   app.add_flag("--keep", keep, "keep the files written");
+  app.add_option("--device", device_kind,
+                 "also save from and load into device memory: cuda (needs a GPU) or simulated (the CPU stand-in; "
+                 "exercises the path, its times mean nothing)")
+      ->check(CLI::IsMember({"none", "cuda", "simulated"}));
   app.add_option("--config", config_file, "h5ckpt configuration file (also $H5CKPT_CONFIG and H5CKPT_* variables)");
   try {
     app.parse(argc, argv);
@@ -187,6 +227,10 @@ int main(int argc, char** argv) {
     load_l = Layout{save_l.dp, save_l.pp, save_l.tp, !save_l.zero};
     if (load_l.tp == save_l.tp) load_l.zero = !save_l.zero;
   }
+
+  if (device_kind == "simulated") device::set_staging_for_testing(device::make_simulated_staging(0));
+  if (device_kind != "none" && !device::staging().has_device())
+    die("--device " + device_kind + ": no GPU runtime here (staging '" + device::staging().name() + "')");
 
   auto make = [&](const Layout& l) {
     workload::TrainConfig cfg;
@@ -337,6 +381,32 @@ int main(int argc, char** argv) {
     t["reshard_load_s"].push_back(
         timed([&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read; }));
     t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+    // --- device memory (--device) ----------------------------------------------------------
+    if (device_kind != "none") {
+      device::Staging& s = device::staging();
+      DeviceState dev_save(save_sd, s), dev_load(same_sd, s);
+      // Floor: one plain device-to-pinned-host copy of the bytes this rank snapshots.
+      char* pinned = static_cast<char*>(s.alloc_host(my_bytes ? my_bytes : 1));
+      void* dbuf = s.alloc_device(my_bytes ? my_bytes : 1);
+      if (!pinned || !dbuf) die("cannot allocate the device copy floor's buffers");
+      t["d2h_memcpy_s"].push_back(timed([&] {
+        if (!s.copy_to_host(pinned, dbuf, my_bytes).ok() || !s.synchronize().ok()) die("device copy failed");
+      }));
+      s.free_device(dbuf);
+      s.free_host(pinned, my_bytes ? my_bytes : 1);
+      const std::string dev_path = dir + "/device-" + std::to_string(rep);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double d0 = now_s();
+      SaveHandle dh = check(ck.save_async(dev_save.state(), dev_path, config.save), "device save_async");
+      const double dblock = now_s() - d0;
+      check(dh.wait(), "device save_async wait");
+      t["device_async_block_s"].push_back(max_all(dblock));
+      t["device_async_total_s"].push_back(max_all(now_s() - d0));
+      cold = drop_caches(!no_drop) && cold;
+      t["device_load_s"].push_back(timed([&] { check(ck.load(dev_load.state(), sync_path, config.load), "device load"); }));
+      t["device_load_bytes"].push_back(static_cast<double>(sum_all(dev_load.bytes())));
+      remove(dev_path);
+    }
     remove(sync_path);
     remove(async_path);
   }
@@ -349,7 +419,11 @@ int main(int argc, char** argv) {
     const std::vector<std::string> order = {"raw_write_rank_s", "raw_write_stream_s", "memcpy_s", "sync_save_s",
                                             "async_block_s",    "async_total_s",      "raw_read_s", "load_s",
                                             "load_no_zr_s",     "reshard_load_s"};
-    for (const auto& k : order) {
+    std::vector<std::string> printed = order;
+    if (device_kind != "none")
+      for (const char* k : {"d2h_memcpy_s", "device_async_block_s", "device_async_total_s", "device_load_s"})
+        printed.push_back(k);
+    for (const auto& k : printed) {
       json line{{"scenario", k.substr(0, k.size() - 2)}, {"ranks", g_size}, {"bytes", total_bytes},
                 {"median_s", median(t[k])}, {"runs_s", t[k]}};
       std::printf("%s\n", line.dump().c_str());
@@ -364,7 +438,7 @@ int main(int argc, char** argv) {
     s["reshard_layout"] = load_l.tag();
     s["repeats"] = repeats;
     s["cold_reads"] = cold;
-    for (const auto& k : order) s[k] = m(k.c_str());
+    for (const auto& k : printed) s[k] = m(k.c_str());
     s["raw_write_s"] = raw_write;
     s["plan_s"] = plan_first;
     s["plan_cached_s"] = median(plan_cached);
@@ -378,6 +452,12 @@ int main(int argc, char** argv) {
     s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");
     s["load_over_raw_read"] = m("load_s") / m("raw_read_s");
     s["reshard_load_over_load"] = m("reshard_load_s") / m("load_s");
+    if (device_kind != "none") {
+      s["device"] = device_kind;
+      s["device_async_block_over_d2h_memcpy"] = m("device_async_block_s") / m("d2h_memcpy_s");
+      s["device_load_over_load"] = m("device_load_s") / m("load_s");
+      s["device_load_gb_per_s"] = m("device_load_bytes") / m("device_load_s") / 1e9;
+    }
     std::printf("%s\n", s.dump().c_str());
   }
   MPI_Barrier(MPI_COMM_WORLD);
