@@ -52,6 +52,11 @@ struct CheckpointerOptions {
   /// offsets HDF5 allocated, and fsyncs (fast path). false: independent H5Dwrite calls through
   /// HDF5's MPI-IO driver. Both produce the same file.
   bool direct_writes = true;
+  /// With direct_writes: write the block-aligned middle of long runs with O_DIRECT, bypassing the
+  /// page cache (no page allocation, no second copy to write back); unaligned ends and short runs
+  /// go through the page cache. Buffers that are not block-aligned are copied through an 8 MiB
+  /// aligned bounce buffer. Falls back to buffered writes where the file system refuses O_DIRECT.
+  bool direct_io = true;
   /// Largest single write; regions are split into pieces of at most this many bytes.
   uint64_t max_piece_bytes = 256ull << 20;
   /// Datasets of at least this many bytes start at a multiple of it in the data file (HDF5
@@ -73,6 +78,7 @@ struct CheckpointerOptions {
 struct SaveReport {
   std::string path;            ///< committed checkpoint directory
   uint64_t bytes_written = 0;  ///< bytes this rank wrote (after de-duplication)
+  uint64_t bytes_direct = 0;   ///< of those, bytes written with O_DIRECT (see direct_io)
   uint64_t bytes_total = 0;    ///< unique bytes in the checkpoint (all ranks)
   uint64_t blocked_bytes = 0;  ///< async only: bytes snapshotted only after waiting for the writer
   double plan_s = 0;      ///< planning (0 when the cached plan was reused, but for one allreduce)
@@ -182,6 +188,11 @@ class Checkpointer {
 
   /// Waits for the asynchronous save in flight, if any (its outcome stays on its handle).
   void wait_pending();
+
+  /// Reads one byte of every page of the staging pool (after waiting for the save in flight).
+  /// Where idle memory is taken back by the host (some VMs), the next save_async's snapshot would
+  /// otherwise pay for mapping the pool again; benchmarks call this before timing one.
+  void touch_staging();
 
   /// Fills the buffers of `state` from the checkpoint at `path` (a checkpoint directory, or a
   /// directory whose `latest` names one), whatever layout saved it.

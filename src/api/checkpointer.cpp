@@ -39,6 +39,11 @@ void Checkpointer::wait_pending() {
   }
 }
 
+void Checkpointer::touch_staging() {
+  wait_pending();
+  impl_->pool.touch();
+}
+
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
   wait_pending();
   return engine::save(impl_->topology->impl(), state, path, options, impl_->attributes, impl_->plan_cache,

@@ -1,7 +1,9 @@
 #include "comm/comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 namespace h5ckpt::comm {
 
@@ -74,6 +76,16 @@ Status agree(const Status& local, MPI_Comm comm) {
   if (failing.size() > 16) ranks += ",... (" + std::to_string(failing.size()) + " ranks)";
   return Status(static_cast<ErrorCode>(code),
                 "rank " + std::to_string(teller) + ": " + text + " [failed on rank(s) " + ranks + "]");
+}
+
+Status idle_barrier(MPI_Comm comm, int poll_us) {
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibarrier(comm, &req), "MPI_Ibarrier"));
+  for (int done = 0;;) {
+    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test"));
+    if (done) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+  }
 }
 
 Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm) {

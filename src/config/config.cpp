@@ -42,6 +42,8 @@ const KeyDef kKeys[] = {
     {"checkpointer", "async", "H5CKPT_ASYNC", Kind::kBool, [](Config& c, const Value& v) { c.checkpointer.async = b(v); }},
     {"checkpointer", "direct_writes", "H5CKPT_DIRECT_WRITES", Kind::kBool,
      [](Config& c, const Value& v) { c.checkpointer.direct_writes = b(v); }},
+    {"checkpointer", "direct_io", "H5CKPT_DIRECT_IO", Kind::kBool,
+     [](Config& c, const Value& v) { c.checkpointer.direct_io = b(v); }},
     {"checkpointer", "staging_bytes", "H5CKPT_STAGING_BYTES", Kind::kSize,
      [](Config& c, const Value& v) { c.checkpointer.staging_bytes = u(v); }},
     {"checkpointer", "max_piece_bytes", "H5CKPT_MAX_PIECE_BYTES", Kind::kPositiveSize,

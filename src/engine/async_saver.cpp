@@ -33,14 +33,19 @@ class StagedSource : public PieceSource {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(p);
     }
-    cv_.notify_one();
+    cv_.notify_all();
   }
   void close() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
     }
-    cv_.notify_one();
+    cv_.notify_all();
+  }
+  /// Blocks until the snapshot has pushed its last piece.
+  void wait_closed() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return closed_; });
   }
   std::optional<Piece> next() override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -134,8 +139,17 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   source->staged_ = staged;
   const Topology::Impl& io = *io_comms_;
   const CheckpointerOptions copts = options_;
-  worker_ = std::thread([st, source, plan, path, options, copts, attributes, report, &io] {
-    auto result = write_and_commit(io, *plan, path, options, copts, attributes, *source, report);
+  // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
+  // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
+  const bool after_snapshot = staged && pool_.capacity() >= mine;
+  worker_ = std::thread([st, source, plan, path, options, copts, attributes, report, &io, after_snapshot] {
+    if (after_snapshot) source->wait_closed();
+    // Ranks whose snapshot is done wait here for the others without taking their CPU.
+    Status ready = comm::idle_barrier(io.world.get());
+    if (!ready.ok())
+      while (auto p = source->next()) source->done(*p);  // the snapshot must not wait for a writer
+    auto result = ready.ok() ? write_and_commit(io, *plan, path, options, copts, attributes, *source, report)
+                             : Result<SaveReport>(ready);
     if (result.ok()) {
       {
         std::lock_guard<std::mutex> lock(st->mu);  // the snapshot figures are final by now

@@ -266,7 +266,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   }
   Status local;
   if (copts.direct_writes) {
-    auto d = storage::DirectWriter::open(data_file);
+    auto d = storage::DirectWriter::open(data_file, copts.direct_io);
     if (d.ok()) direct.emplace(std::move(d).value());
     else local = d.status();
   }
@@ -297,6 +297,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   XXH3_freeState(hs);
   const double t_pieces = now_s();
   if (direct) {
+    report.bytes_direct = direct->direct_bytes();
     Status synced = direct->sync_and_close();
     if (local.ok()) local = synced;
   } else if (h5writer) {

@@ -27,6 +27,11 @@ void StagingPool::reserve(size_t bytes) {
   blocks_.clear();
 }
 
+void StagingPool::touch() const {
+  volatile char sink = 0;
+  for (size_t i = 0; i < capacity_; i += 4096) sink = sink + base_[i];
+}
+
 bool StagingPool::fits(size_t n, size_t* offset) const {
   if (blocks_.empty()) {
     *offset = 0;

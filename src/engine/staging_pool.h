@@ -28,6 +28,8 @@ class StagingPool {
   size_t capacity() const { return capacity_; }
   /// The whole pool, for a caller that uses it outside the ring (only while idle).
   char* base() { return base_; }
+  /// Reads every page once (only while idle).
+  void touch() const;
 
   /// Reserves `n` contiguous bytes (0 < n <= capacity), waiting until the consumer released
   /// enough. Sets *waited when it had to wait.

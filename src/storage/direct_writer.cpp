@@ -4,24 +4,108 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
+#include "metrics/log.h"
 #include "planner/box_math.h"
 
 namespace h5ckpt::storage {
 
-Result<DirectWriter> DirectWriter::open(const std::string& data_file) {
+namespace {
+
+constexpr uint64_t kBlock = 4096;             // O_DIRECT alignment of offsets, lengths and memory
+constexpr uint64_t kMinDirectRun = 256 << 10;  // shorter runs go through the page cache
+constexpr uint64_t kBounceBytes = 8u << 20;
+
+// Aligned bounce memory for sources that are not block-aligned, kept per thread across saves so
+// its pages stay touched (first-touch faults on this kind of VM cost more than the copy).
+char* bounce() {
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<char, Free> buf(static_cast<char*>(std::aligned_alloc(kBlock, kBounceBytes)));
+  return buf.get();
+}
+
+}  // namespace
+
+Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direct_io) {
   DirectWriter w;
   w.path_ = data_file;
   w.fd_ = ::open(data_file.c_str(), O_WRONLY | O_CLOEXEC);
   if (w.fd_ < 0) return Status(ErrorCode::kIo, "cannot open '" + data_file + "' for writing: " + std::strerror(errno));
+  if (direct_io) w.direct_fd_ = ::open(data_file.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: not supported
   return w;
 }
 
-DirectWriter::DirectWriter(DirectWriter&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+DirectWriter::DirectWriter(DirectWriter&& o) noexcept
+    : fd_(o.fd_), direct_fd_(o.direct_fd_), direct_bytes_(o.direct_bytes_), path_(std::move(o.path_)) {
+  o.fd_ = -1;
+  o.direct_fd_ = -1;
+}
 
 DirectWriter::~DirectWriter() {
   if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+}
+
+Status DirectWriter::pwrite_all(int fd, const char* p, uint64_t left, uint64_t off) {
+  while (left) {
+    ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(left, 1ull << 30), static_cast<off_t>(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status(ErrorCode::kIo, "pwrite to '" + path_ + "' failed: " + std::strerror(errno));
+    }
+    p += w;
+    off += static_cast<uint64_t>(w);
+    left -= static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+// [off, off + len) is block-aligned; the memory is copied through the bounce buffer unless it
+// is aligned too.
+Status DirectWriter::write_direct(const char* p, uint64_t len, uint64_t off) {
+  const bool aligned = reinterpret_cast<uintptr_t>(p) % kBlock == 0;
+  char* b = aligned ? nullptr : bounce();
+  if (!aligned && !b) return pwrite_all(fd_, p, len, off);
+  while (len) {
+    const uint64_t n = aligned ? std::min<uint64_t>(len, 1ull << 30) : std::min<uint64_t>(len, kBounceBytes);
+    const char* src = p;
+    if (!aligned) {
+      std::memcpy(b, p, n);
+      src = b;
+    }
+    ssize_t w = ::pwrite(direct_fd_, src, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINVAL) {  // the file system refuses O_DIRECT here: page cache from now on
+      metrics::log().debug("O_DIRECT write refused on '{}': using buffered writes", path_);
+      ::close(direct_fd_);
+      direct_fd_ = -1;
+      return pwrite_all(fd_, p, len, off);
+    }
+    if (w < 0) return Status(ErrorCode::kIo, "pwrite to '" + path_ + "' failed: " + std::strerror(errno));
+    const uint64_t done = static_cast<uint64_t>(w);
+    direct_bytes_ += done;
+    if (done < n) H5CKPT_RETURN_IF_ERROR(pwrite_all(fd_, p + done, n - done, off + done));  // short write
+    p += n;
+    off += n;
+    len -= n;
+  }
+  return Status::Ok();
+}
+
+Status DirectWriter::write_run(const char* p, uint64_t len, uint64_t off) {
+  if (direct_fd_ < 0 || len < kMinDirectRun) return pwrite_all(fd_, p, len, off);
+  const uint64_t a0 = (off + kBlock - 1) / kBlock * kBlock, a1 = (off + len) / kBlock * kBlock;
+  if (a1 <= a0) return pwrite_all(fd_, p, len, off);
+  // Partial blocks at the ends share their block with neighbouring runs: page cache for them.
+  H5CKPT_RETURN_IF_ERROR(pwrite_all(fd_, p, a0 - off, off));
+  H5CKPT_RETURN_IF_ERROR(write_direct(p + (a0 - off), a1 - a0, a0));
+  return pwrite_all(fd_, p + (a1 - off), off + len - a1, a1);
 }
 
 Status DirectWriter::write(int64_t dataset_offset, const Shape& shape, DType dtype, const ShardSpec& shard,
@@ -36,20 +120,8 @@ Status DirectWriter::write(int64_t dataset_offset, const Shape& shape, DType dty
     // dim-0 splits, one run per row for column splits.
     planner::for_each_run(b, buf, file, [&](int64_t bi, int64_t fi, int64_t n) {
       if (!st.ok()) return;
-      const char* p = src + bi * es;
-      uint64_t left = static_cast<uint64_t>(n) * es;
-      off_t off = static_cast<off_t>(dataset_offset + fi * static_cast<int64_t>(es));
-      while (left) {
-        ssize_t w = ::pwrite(fd_, p, left, off);
-        if (w < 0) {
-          if (errno == EINTR) continue;
-          st = Status(ErrorCode::kIo, "pwrite to '" + path_ + "' failed: " + std::strerror(errno));
-          return;
-        }
-        p += w;
-        off += w;
-        left -= static_cast<uint64_t>(w);
-      }
+      st = write_run(src + bi * es, static_cast<uint64_t>(n) * es,
+                     static_cast<uint64_t>(dataset_offset + fi * static_cast<int64_t>(es)));
     });
   }
   return st;
@@ -60,6 +132,8 @@ Status DirectWriter::sync_and_close() {
   if (::fsync(fd_) != 0) st = Status(ErrorCode::kIo, "fsync of '" + path_ + "' failed: " + std::strerror(errno));
   if (::close(fd_) != 0 && st.ok()) st = Status(ErrorCode::kIo, "close of '" + path_ + "' failed: " + std::strerror(errno));
   fd_ = -1;
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  direct_fd_ = -1;
   return st;
 }
 

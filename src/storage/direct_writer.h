@@ -13,7 +13,10 @@ namespace h5ckpt::storage {
 
 class DirectWriter {
  public:
-  static Result<DirectWriter> open(const std::string& data_file);
+  /// `direct_io`: write the block-aligned middle of long runs with O_DIRECT (no page cache: no
+  /// page allocation and no write-back of the copy), the unaligned ends through the page cache.
+  /// Falls back to buffered writes where the file system refuses O_DIRECT.
+  static Result<DirectWriter> open(const std::string& data_file, bool direct_io = false);
   DirectWriter(DirectWriter&& o) noexcept;
   DirectWriter& operator=(DirectWriter&&) = delete;
   ~DirectWriter();
@@ -24,9 +27,16 @@ class DirectWriter {
   /// fsync, then close; the error of either is returned.
   Status sync_and_close();
 
+  uint64_t direct_bytes() const { return direct_bytes_; }  ///< bytes that bypassed the page cache
+
  private:
   DirectWriter() = default;
+  Status write_run(const char* p, uint64_t len, uint64_t off);
+  Status write_direct(const char* p, uint64_t len, uint64_t off);
+  Status pwrite_all(int fd, const char* p, uint64_t len, uint64_t off);
   int fd_ = -1;
+  int direct_fd_ = -1;  // O_DIRECT handle of the same file; -1 when unavailable
+  uint64_t direct_bytes_ = 0;
   std::string path_;
 };
 
