@@ -261,6 +261,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
     if (copts.direct_writes) {  // the file structure is complete: close it before raw writes
       Status closed = h5writer->close();
       h5writer.reset();
+      if (closed.ok() && coordinator) closed = storage::preallocate_file(data_file);
       if (Status a = comm::agree(closed, world); !a.ok()) return fail(a, temp);
     }
   }

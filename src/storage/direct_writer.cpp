@@ -1,6 +1,7 @@
 #include "storage/direct_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +32,27 @@ char* bounce() {
 }
 
 }  // namespace
+
+Status preallocate_file(const std::string& data_file) {
+  const int fd = ::open(data_file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Status(ErrorCode::kIo, "cannot open '" + data_file + "': " + std::strerror(errno));
+  struct stat st {};
+  Status result;
+  if (::fstat(fd, &st) != 0) {
+    result = Status(ErrorCode::kIo, "cannot stat '" + data_file + "': " + std::strerror(errno));
+  } else if (st.st_size > 0) {
+    int err = 0;
+    while ((err = ::posix_fallocate(fd, 0, st.st_size)) == EINTR) {
+    }
+    if (err == ENOSPC)
+      result = Status(ErrorCode::kIo, "no space left for '" + data_file + "': the checkpoint needs " +
+                                          std::to_string(st.st_size) + " bytes");
+    else if (err != 0 && err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
+      result = Status(ErrorCode::kIo, "fallocate of '" + data_file + "' failed: " + std::strerror(err));
+  }
+  ::close(fd);
+  return result;
+}
 
 Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direct_io) {
   DirectWriter w;

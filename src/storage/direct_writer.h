@@ -11,6 +11,11 @@
 
 namespace h5ckpt::storage {
 
+/// Allocates the disk blocks of the whole file up front (fallocate): the ranks' concurrent writes
+/// then fill one contiguous allocation instead of interleaving their extents, and a full disk is
+/// reported before any byte is written. A file system without fallocate is not an error.
+Status preallocate_file(const std::string& data_file);
+
 class DirectWriter {
  public:
   /// `direct_io`: write the block-aligned middle of long runs with O_DIRECT (no page cache: no
