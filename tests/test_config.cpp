@@ -65,6 +65,8 @@ void expect_defaults(const Config& c) {
   const SaveOptions so;
   const LoadOptions lo;
   EXPECT_EQ(c.checkpointer.async, co.async);
+  EXPECT_EQ(c.checkpointer.direct_writes, co.direct_writes);
+  EXPECT_EQ(c.checkpointer.direct_io, co.direct_io);
   EXPECT_EQ(c.checkpointer.staging_bytes, co.staging_bytes);
   EXPECT_EQ(c.checkpointer.max_piece_bytes, co.max_piece_bytes);
   EXPECT_EQ(c.checkpointer.alignment, co.alignment);
@@ -93,6 +95,8 @@ TEST_F(ConfigTest, EveryKeyParsed) {
   const std::string text = R"(
 [checkpointer]
 async = false
+direct_writes = false
+direct_io = false
 staging_bytes = "3GiB"
 max_piece_bytes = 65536
 alignment = "4MiB"
@@ -125,6 +129,8 @@ dir = "/tmp/metrics here"
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const Config& c = *r;
   EXPECT_FALSE(c.checkpointer.async);
+  EXPECT_FALSE(c.checkpointer.direct_writes);
+  EXPECT_FALSE(c.checkpointer.direct_io);
   EXPECT_EQ(c.checkpointer.staging_bytes, 3ull * 1024 * 1024 * 1024);
   EXPECT_EQ(c.checkpointer.max_piece_bytes, 65536u);
   EXPECT_EQ(c.checkpointer.alignment, 4ull * 1024 * 1024);
@@ -220,6 +226,8 @@ TEST_F(ConfigTest, LoadConfigFromFile) {
 
 TEST_F(ConfigTest, EveryEnvironmentVariable) {
   setenv("H5CKPT_ASYNC", "off", 1);
+  setenv("H5CKPT_DIRECT_WRITES", "no", 1);
+  setenv("H5CKPT_DIRECT_IO", "0", 1);
   setenv("H5CKPT_STAGING_BYTES", "1.5MiB", 1);
   setenv("H5CKPT_MAX_PIECE_BYTES", "8K", 1);
   setenv("H5CKPT_ALIGNMENT", "0", 1);
@@ -238,6 +246,8 @@ TEST_F(ConfigTest, EveryEnvironmentVariable) {
   Config c;
   ASSERT_TRUE(apply_env(c).ok());
   EXPECT_FALSE(c.checkpointer.async);
+  EXPECT_FALSE(c.checkpointer.direct_writes);
+  EXPECT_FALSE(c.checkpointer.direct_io);
   EXPECT_EQ(c.checkpointer.staging_bytes, 1572864u);
   EXPECT_EQ(c.checkpointer.max_piece_bytes, 8192u);
   EXPECT_EQ(c.checkpointer.alignment, 0u);
@@ -348,7 +358,7 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
   expect_defaults(*c);
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const char* key : {"[checkpointer]", "\nasync = ", "\nstaging_bytes = ", "\nmax_piece_bytes = ",
+  for (const char* key : {"[checkpointer]", "\nasync = ", "\ndirect_writes = ", "\ndirect_io = ", "\nstaging_bytes = ", "\nmax_piece_bytes = ",
                           "\nalignment = ", "\nio_threads = ", "[save]", "\nchecksums = ", "\noverwrite = ",
                           "\nupdate_latest = ", "[load]", "\nstrict = ", "\nconvert_dtype = ",
                           "\nverify_checksums = ", "\nzero_redundancy = ", "[mpi_hints]", "[logging]",

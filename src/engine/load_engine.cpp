@@ -350,11 +350,21 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     if (local.ok() && !s.ok()) local = s;
     report.bytes_received += bytes_of(it);
   }
-  // Reader threads (own file handles) read ahead in group order; this thread posts each item's
-  // sends as soon as it is complete, so transfers overlap the remaining reads.
+  // Reader threads (own file handles) read ahead; this thread posts each item's sends as soon as
+  // it is complete, so transfers overlap the remaining reads. Reads go in file order (the kernel's
+  // read-ahead then sees one forward stream) while MPI tags tell the groups apart; a device
+  // transport matches messages by order only, and tags wrap past 32768 groups: then group order.
   std::vector<size_t> reads;
   for (size_t i : order)
     if (roles[i].role == Role::kRead) reads.push_back(i);
+  const bool tags_unique = roles.empty() || roles[order.back()].group < 0x8000;
+  if (tags_unique && !dev_transport) {
+    auto file_offset = [&](size_t i) {
+      const TensorInfo* t = info.find(state.items()[i].key);
+      return t ? t->file_offset : int64_t{-1};
+    };
+    std::stable_sort(reads.begin(), reads.end(), [&](size_t a, size_t b) { return file_offset(a) < file_offset(b); });
+  }
   std::vector<Status> read_status(reads.size());
   std::vector<char> read_done(reads.size(), 0);
   std::mutex mu;
