@@ -46,8 +46,9 @@ class Staging {
 /// built and a GPU is visible, else the host implementation.
 Staging& staging();
 
-/// Replaces the process's implementation (tests: a simulated device). Call before any save or
-/// load; pass null to go back to the default.
+/// Replaces the process's implementation (tests: a simulated device). Call while no Checkpointer
+/// exists (their staging pools were allocated by the implementation in place); pass null to go
+/// back to the default.
 void set_staging_for_testing(std::unique_ptr<Staging> s);
 
 /// No device: host memory from the allocator, device buffers refused.
