@@ -137,6 +137,61 @@ TEST_F(DeviceState, LoadIntoDeviceReshardsExactly) {
   }
 }
 
+TEST_F(DeviceState, CachedLoadPlanNoticesBuffersMovedToTheDevice) {
+  const int n = world_size();
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, n, 1});
+  ASSERT_TRUE(topo.ok());
+  const Layout L{1, n, 1, false};
+  {
+    TestModel m(L, topo->coords(), true);
+    Checkpointer ck(*topo);
+    ASSERT_TRUE(ck.save(m.state(), root_ + "/ckpt").ok());
+  }
+  Checkpointer ck(*topo);
+  TestModel host(L, topo->coords(), false);
+  ASSERT_TRUE(ck.load(host.state(), root_ + "/ckpt").ok());
+  // Same keys, shapes and shards, but now in device memory: the cached plan must not be reused.
+  TestModel m(L, topo->coords(), false);
+  DeviceMirror mirror(m.state(), all, false);
+  auto r = ck.load(mirror.state(), root_ + "/ckpt");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(r->plan_cached);
+  mirror.download();
+  std::string first;
+  EXPECT_EQ(m.count_mismatches(&first), 0) << first;
+}
+
+TEST_F(DeviceState, EmptyDeviceShardsSaveAndLoad) {
+  const int n = world_size(), rank = h5ckpt::testing::world_rank();
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, n, 1});
+  ASSERT_TRUE(topo.ok());
+  device::Staging& s = device::staging();
+  // Rank 0 holds the whole flat range; every other rank an empty one, in device memory.
+  const int64_t len = 4096;
+  const ShardSpec spec = ShardSpec::flat_range(Box{{0}, {len}}, rank == 0 ? 0 : len, len);
+  std::vector<float> host(static_cast<size_t>(spec.numel()));
+  for (size_t j = 0; j < host.size(); ++j) host[j] = 0.25f * static_cast<float>(j);
+  void* dev = s.alloc_device(host.size() * sizeof(float));
+  ASSERT_TRUE(s.copy_to_device(dev, host.data(), host.size() * sizeof(float)).ok());
+  ASSERT_TRUE(s.synchronize().ok());
+  StateDict sd;
+  sd.add("optimizer/flat", DType::kF32, {len}, spec, dev, Device::kCuda);
+  Checkpointer ck(*topo);
+  auto w = ck.save(sd, root_ + "/empty");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  auto a = ck.save_async(sd, root_ + "/empty-async");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(a->wait().ok());
+  std::vector<float> zero(host.size(), 0.0f), back(host.size(), -1.0f);
+  ASSERT_TRUE(s.copy_to_device(dev, zero.data(), zero.size() * sizeof(float)).ok());
+  auto r = ck.load(sd, root_ + "/empty-async");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(s.copy_to_host(back.data(), dev, back.size() * sizeof(float)).ok());
+  ASSERT_TRUE(s.synchronize().ok());
+  EXPECT_EQ(back, host);
+  s.free_device(dev);
+}
+
 TEST_F(DeviceState, DeclaredDeviceBufferThatIsHostMemoryIsRefused) {
   auto topo = Topology::create(MPI_COMM_WORLD, {1, world_size(), 1});
   ASSERT_TRUE(topo.ok());

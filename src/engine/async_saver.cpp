@@ -184,7 +184,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
       }
       if (waited) blocked += p.bytes;
       p.data = dst;
-    } else if (p.on_device) {
+    } else if (p.on_device && p.bytes) {
       source->fail(Status(ErrorCode::kIo, "no host staging memory for device buffers"));
     }
     source->push(p);

@@ -244,7 +244,10 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   // Everything that changes validation or roles is part of the key: structure, per-item padding
   // flags and the options.
   std::string sig_bytes = std::to_string(structure_signature(state));
-  for (const auto& it : state.items()) sig_bytes += it.allow_shape_mismatch ? 'P' : '-';
+  for (const auto& it : state.items()) {  // padding flags, and where each buffer lives
+    sig_bytes += it.allow_shape_mismatch ? 'P' : '-';
+    sig_bytes += device::is_device_item(it) ? 'D' : 'H';
+  }
   sig_bytes += options.strict ? 'S' : 's';
   sig_bytes += options.convert_dtype ? 'C' : 'c';
   sig_bytes += options.zero_redundancy ? 'Z' : 'z';
@@ -406,7 +409,7 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
       cv.wait(lock, [&] { return read_done[k] != 0; });
       if (local.ok() && !read_status[k].ok()) local = read_status[k];
     }
-    if (dev[i] && local.ok()) {  // to the device while the next items are read
+    if (dev[i] && local.ok() && bytes_of(it) > 0) {  // to the device while the next items are read
       Status s = staging.copy_to_device(dev[i], it.data, bytes_of(it));
       if (!s.ok()) local = s.with_context("key '" + it.key + "'");
     }
@@ -433,7 +436,7 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   }
   if (cache.any_device) {  // received device items staged in host memory go up now
     for (size_t i = 0; i < roles.size() && local.ok(); ++i)
-      if (dev[i] && roles[i].role == Role::kReceive && !dev_transport)
+      if (dev[i] && roles[i].role == Role::kReceive && !dev_transport && bytes_of(state.items()[i]) > 0)
         local = staging.copy_to_device(dev[i], state.items()[i].data, bytes_of(state.items()[i]));
     done = staging.synchronize();
     if (local.ok()) local = done;

@@ -174,7 +174,10 @@ class DeviceStagedSource : public PieceSource {
   std::optional<Piece> next() override {
     if (i_ == pieces_.size()) return std::nullopt;
     Piece p = pieces_[i_++];
-    if (!p.on_device) return p;
+    if (!p.on_device || p.bytes == 0) {
+      p.on_device = false;  // nothing to stage
+      return p;
+    }
     if (!started_) start(i_ - 1);  // the first device piece (later ones were prefetched)
     if (status_.ok()) status_ = staging_.wait(marker_);
     p.data = half_[slot_];
@@ -182,7 +185,7 @@ class DeviceStagedSource : public PieceSource {
     started_ = false;
     // The other half held the previous device piece, whose done() came before this next().
     for (size_t j = i_; j < pieces_.size(); ++j)
-      if (pieces_[j].on_device) {
+      if (pieces_[j].on_device && pieces_[j].bytes) {
         slot_ ^= 1;
         start(j);
         break;
