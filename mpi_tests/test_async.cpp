@@ -44,10 +44,10 @@ class Async : public ::testing::Test {
   // Every rank compares the two checkpoints (cheap here) and all must agree they match.
   void expect_same(const std::string& a, const std::string& b) {
     std::string why;
-    int ok = h5ckpt::testing::same_datasets(a, b, &why) ? 1 : 0, all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    EXPECT_TRUE(ok) << why;
-    EXPECT_EQ(all, 1);
+    bool here = false;
+    const bool everywhere = h5ckpt::testing::same_datasets_on_all_ranks(a, b, &here, &why);
+    EXPECT_TRUE(here) << why;
+    EXPECT_TRUE(everywhere);
   }
   std::string root_;
   Layout L_;

@@ -149,6 +149,13 @@ std::vector<unsigned char> read_dataset_bytes(const std::string& file, const std
   return out;
 }
 
+bool same_datasets_on_all_ranks(const std::string& a, const std::string& b, bool* here, std::string* why) {
+  *here = same_datasets(a, b, why);
+  int ok = *here ? 1 : 0, all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
 bool same_datasets(const std::string& a, const std::string& b, std::string* why) {
   auto ia = read_checkpoint_info(a), ib = read_checkpoint_info(b);
   if (!ia.ok() || !ib.ok()) {

@@ -49,6 +49,10 @@ std::vector<unsigned char> read_dataset_bytes(const std::string& file, const std
 /// True when two checkpoints hold the same keys and byte-identical datasets (rank-local).
 bool same_datasets(const std::string& a, const std::string& b, std::string* why);
 
+/// same_datasets on every rank of MPI_COMM_WORLD (collective): *here is this rank's answer (with
+/// *why), the return value whether every rank answered yes.
+bool same_datasets_on_all_ranks(const std::string& a, const std::string& b, bool* here, std::string* why);
+
 /// This process's rank and the size of MPI_COMM_WORLD.
 int world_rank();
 int world_size();

@@ -1,5 +1,6 @@
 #include "engine/async_saver.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "device/staging.h"
@@ -14,7 +15,8 @@ namespace {
 // Pieces handed over from the snapshot (producer) to the writer (consumer).
 class StagedSource : public PieceSource {
  public:
-  explicit StagedSource(StagingPool& pool) : pool_(pool) {}
+  /// `staged`: pieces live in the pool (false: in the caller's buffers, nothing to release).
+  StagedSource(StagingPool& pool, bool staged) : pool_(pool), staged_(staged) {}
   void fail(const Status& st) {
     std::lock_guard<std::mutex> lock(mu_);
     if (status_.ok()) status_ = st;
@@ -64,10 +66,10 @@ class StagedSource : public PieceSource {
     }
     cv_.notify_all();
   }
-  bool staged_ = true;  ///< pieces live in the pool (false: in the caller's buffers)
 
  private:
   StagingPool& pool_;
+  const bool staged_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Piece> queue_;
@@ -130,13 +132,12 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
   // buffers and returns once they are written, which is correct, only not asynchronous.
   const bool staged = mine == 0 || pool_.capacity() > 0;
-  const uint64_t piece_max = std::max<uint64_t>(
-      1, std::min<uint64_t>(options_.max_piece_bytes, staged && mine ? pool_.capacity() : options_.max_piece_bytes));
+  const uint64_t pool_cap = staged && mine ? pool_.capacity() : UINT64_MAX;  // a piece must fit the pool
+  const uint64_t piece_max = std::max<uint64_t>(1, std::min<uint64_t>(options_.max_piece_bytes, pool_cap));
   std::vector<Piece> pieces = my_pieces(topo_.world.rank(), *plan, state, piece_max);
 
   auto st = std::make_shared<SaveHandle::State>();
-  auto source = std::make_shared<StagedSource>(pool_);
-  source->staged_ = staged;
+  auto source = std::make_shared<StagedSource>(pool_, staged);
   const Topology::Impl& io = *io_comms_;
   const CheckpointerOptions copts = options_;
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI

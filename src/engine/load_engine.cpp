@@ -106,19 +106,20 @@ Result<std::vector<ItemRole>> decode_roles(const std::string& bytes) {
 
 // Identical bytes <=> identical signature: key, dtypes, shapes, shard, padding flag. Where the
 // buffer lives is part of it too, so a group's members are all host or all device buffers.
-std::string request_signature(const StateItem& item) {
+std::string request_signature(const StateItem& item, bool on_device) {
   std::vector<planner::ItemDesc> d{{item.key, item.dtype, item.global_shape, item.shard}};
-  return encode_items(d) + (item.allow_shape_mismatch ? "P" : "-") + (device::is_device_item(item) ? "D" : "H");
+  return encode_items(d) + (item.allow_shape_mismatch ? "P" : "-") + (on_device ? "D" : "H");
 }
 
 // Collective: makes the device transport the first time any rank has device replicas to move.
 // Every rank ends with a transport or none does (then device replicas go over MPI via host
 // staging, with a warning).
-Status plan_device(const Topology::Impl& topo, const StateDict& state, LoadPlanCache& cache, DeviceLink& link) {
+Status plan_device(const Topology::Impl& topo, const std::vector<char>& on_device, LoadPlanCache& cache,
+                   DeviceLink& link) {
   const auto& roles = cache.roles;
   int mine[2] = {0, 0}, any[2] = {0, 0};  // {device items at all, device replicas to move}
   for (size_t i = 0; i < roles.size(); ++i)
-    if (roles[i].role != Role::kSkip && device::is_device_item(state.items()[i])) {
+    if (roles[i].role != Role::kSkip && on_device[i]) {
       mine[0] = 1;
       if (!roles[i].targets.empty() || roles[i].role == Role::kReceive) mine[1] = 1;
     }
@@ -146,13 +147,14 @@ Status plan_device(const Topology::Impl& topo, const StateDict& state, LoadPlanC
 
 // Gathers every rank's requests, plans on the coordinator, scatters each rank its roles.
 Result<std::vector<ItemRole>> plan_roles(const Topology::Impl& topo, const StateDict& state,
+                                         const std::vector<char>& on_device,
                                          const std::vector<bool>& skip, bool dedup) {
   ByteWriter w;
   w.put<uint64_t>(state.items().size());
   for (size_t i = 0; i < state.items().size(); ++i) {
     const StateItem& it = state.items()[i];
     w.put<uint8_t>(skip[i] ? 1 : 0);
-    w.put_string(skip[i] ? std::string() : request_signature(it));
+    w.put_string(skip[i] ? std::string() : request_signature(it, on_device[i]));
     w.put<uint64_t>(static_cast<uint64_t>(it.shard.numel()) * dtype_size(it.dtype));
   }
   H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.tree_gather(w.str()));
@@ -244,9 +246,12 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   // Everything that changes validation or roles is part of the key: structure, per-item padding
   // flags and the options.
   std::string sig_bytes = std::to_string(structure_signature(state));
-  for (const auto& it : state.items()) {  // padding flags, and where each buffer lives
-    sig_bytes += it.allow_shape_mismatch ? 'P' : '-';
-    sig_bytes += device::is_device_item(it) ? 'D' : 'H';
+  // Where each buffer lives, found once per load (a CUDA pointer query per item).
+  std::vector<char> on_device(state.items().size());
+  for (size_t i = 0; i < on_device.size(); ++i) {  // padding flags, and where each buffer lives
+    on_device[i] = device::is_device_item(state.items()[i]);
+    sig_bytes += state.items()[i].allow_shape_mismatch ? 'P' : '-';
+    sig_bytes += on_device[i] ? 'D' : 'H';
   }
   sig_bytes += options.strict ? 'S' : 's';
   sig_bytes += options.convert_dtype ? 'C' : 'c';
@@ -275,8 +280,8 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
       skip[i] = sk;
     }
     H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
-    H5CKPT_ASSIGN_OR_RETURN(cache.roles, plan_roles(topo, state, skip, options.zero_redundancy));
-    H5CKPT_RETURN_IF_ERROR(plan_device(topo, state, cache, link));
+    H5CKPT_ASSIGN_OR_RETURN(cache.roles, plan_roles(topo, state, on_device, skip, options.zero_redundancy));
+    H5CKPT_RETURN_IF_ERROR(plan_device(topo, on_device, cache, link));
     cache.meta_hash = meta_hash;
     cache.local_signature = sig;
     cache.data_size = reader->file_size();
@@ -324,7 +329,7 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     uint64_t staged_bytes = 0;
     for (size_t i = 0; i < roles.size(); ++i) {
       const StateItem& it = state.items()[i];
-      if (roles[i].role == Role::kSkip || !device::is_device_item(it)) continue;
+      if (roles[i].role == Role::kSkip || !on_device[i]) continue;
       if (!(roles[i].role == Role::kReceive && dev_transport)) {
         staged.push_back(i);
         staged_bytes += (bytes_of(it) + 63) / 64 * 64;
