@@ -3,6 +3,7 @@
 // failures on wait() and on the next save.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -132,6 +133,33 @@ TEST_F(Async, PlanIsCachedUntilTheStructureChanges) {
   auto info = read_checkpoint_info(root_ + "/c");
   ASSERT_TRUE(info.ok());
   EXPECT_NE(info->find("extra/only_rank0"), nullptr);
+  // The synchronous save checks the cache inside its temporary-directory agreement: unchanged
+  // structure, cached plan, same bytes.
+  auto d = ck.save(model.state(), root_ + "/d");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_TRUE(d->plan_cached);
+  h5ckpt::testing::TestModel loaded(L_, topo_->coords(), false);
+  ASSERT_TRUE(ck.load(loaded.state(), root_ + "/d").ok());
+  std::string first;
+  EXPECT_EQ(loaded.count_mismatches(&first), 0) << first;
+  // A structure change that cannot be planned (the last rank disagrees on a global shape) fails
+  // on every rank and leaves no checkpoint and no temporary directory behind.
+  float odd[3] = {1, 2, 3};
+  const bool last = topo_->rank() == world_size() - 1;
+  model.state().add_replicated("extra/disputed", DType::kF32, {last && world_size() > 1 ? 3 : 2}, odd);
+  auto e = ck.save(model.state(), root_ + "/e");
+  if (world_size() > 1) {
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("extra/disputed"), std::string::npos) << e.status().to_string();
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(root_))
+      if (entry.is_directory()) names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "c", "d"}));
+  } else {
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+  }
 }
 
 TEST_F(Async, FailureSurfacesOnWaitAndOnTheNextSave) {

@@ -66,7 +66,7 @@ struct CheckpointerOptions {
   /// striping_factor=8 on Lustre). Unknown hints are ignored by MPI.
   std::map<std::string, std::string> mpi_hints;
   /// Threads reading from storage during a load (each with its own file handle).
-  int io_threads = 2;
+  int io_threads = 1;
   /// Write per-rank phase timings and bytes of every save/load as JSON (see metrics_dir).
   bool metrics = true;
   /// Directory for the metrics files; empty: beside the checkpoint, as <checkpoint>.save.json

@@ -49,17 +49,21 @@ int Comm::size() const {
   return s;
 }
 
-Status agree(const Status& local, MPI_Comm comm) {
+Status agree(const Status& local, MPI_Comm comm) { return agree(local, comm, nullptr); }
+
+Status agree(const Status& local, MPI_Comm comm, int* flag) {
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  const int failed = local.ok() ? 0 : 1;
-  std::vector<int> flags(size);
-  int rc = MPI_Allgather(&failed, 1, MPI_INT, flags.data(), 1, MPI_INT, comm);
+  const int mine[2] = {local.ok() ? 0 : 1, flag ? *flag : 0};
+  std::vector<int> all(2 * static_cast<size_t>(size));
+  int rc = MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm);
   if (rc != MPI_SUCCESS) return mpi_status(rc, "agreement (MPI_Allgather)");
   std::vector<int> failing;
-  for (int r = 0; r < size; ++r)
-    if (flags[r]) failing.push_back(r);
+  for (int r = 0; r < size; ++r) {
+    if (all[2 * r]) failing.push_back(r);
+    if (flag) *flag = std::min(*flag, all[2 * r + 1]);
+  }
   if (failing.empty()) return Status::Ok();
   // The first failing rank tells everyone what went wrong.
   const int teller = failing.front();

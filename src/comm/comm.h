@@ -37,6 +37,10 @@ Status mpi_status(int rc, const char* what);
 /// message and the list of failing ranks. Collective over `comm`.
 Status agree(const Status& local, MPI_Comm comm);
 
+/// agree() that also carries one flag per rank in the same collective: on success `*flag`
+/// becomes the minimum over all ranks (lets a phase fold a yes/no question into its agreement).
+Status agree(const Status& local, MPI_Comm comm, int* flag);
+
 /// A barrier that sleeps between polls instead of spinning, for background threads whose wait
 /// should leave the CPU to the trainer (blocking MPI collectives busy-poll). Collective.
 Status idle_barrier(MPI_Comm comm, int poll_us = 200);

@@ -71,17 +71,33 @@ struct DeviceLink {
 Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& state, PlanCache& cache,
                                  SaveReport& report);
 
-/// Phases 2-4, collective over comms.world: temporary directory, HDF5 file and datasets, the
-/// writes of every piece from `source`, metadata and the atomic commit. Always drains `source`,
-/// even after a failure. Every rank returns the same Status.
+/// Phase 2, collective over comms.world: the coordinator makes a fresh temporary directory
+/// next to `path` and every rank learns its name. `local` is this rank's outcome so far (a
+/// failure anywhere fails every rank, and nothing is left behind); `flag`, when given, is
+/// folded into the same agreement (minimum over the ranks).
+Result<std::string> make_temp_dir(const Topology::Impl& comms, const std::string& path, const SaveOptions& options,
+                                  const Status& local, int* flag);
+
+/// Phases 3-4, collective over comms.world: HDF5 file and datasets in `temp`, the writes of
+/// every piece from `source`, metadata and the atomic commit. Always drains `source`, even
+/// after a failure. Every rank returns the same Status.
+Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
+                                    const std::string& path, const std::string& temp, const SaveOptions& options,
+                                    const CheckpointerOptions& copts,
+                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
+                                    SaveReport report);
+
+/// Phases 2-4: make_temp_dir, then write_and_commit.
 Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
                                     const std::string& path, const SaveOptions& options,
                                     const CheckpointerOptions& copts,
                                     const std::map<std::string, std::string>& attributes, PieceSource& source,
                                     SaveReport report);
 
-/// Synchronous save: prepare_save, then write_and_commit straight from the caller's host
-/// buffers; device buffers are staged through `pool` in two halves (copy k+1 while writing k).
+/// Synchronous save: local cache check, make_temp_dir (its agreement also tells whether every
+/// rank's structure is unchanged; if not, a collective re-plan), then write_and_commit straight
+/// from the caller's host buffers; device buffers are staged through `pool` in two halves
+/// (copy k+1 while writing k).
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
                         PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool);

@@ -126,25 +126,46 @@ std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& t
   return out;
 }
 
+namespace {
+
+// The local half of the plan cache check: this rank's own checks and whether its structure is
+// the one the cache was planned for. No communication.
+struct CacheCheck {
+  Status local;
+  uint64_t signature = 0;
+  int hit = 0;
+};
+CacheCheck check_cache(const StateDict& state, const PlanCache& cache) {
+  CacheCheck c;
+  c.local = check_local_items(state);
+  c.signature = c.local.ok() ? structure_signature(state) : 0;
+  c.hit = c.local.ok() && cache.tensors && cache.local_signature == c.signature ? 1 : 0;
+  return c;
+}
+
+// Collective: plans from scratch into the cache.
+Status replan(const Topology::Impl& topo, const StateDict& state, PlanCache& cache, uint64_t signature) {
+  cache.tensors.reset();
+  H5CKPT_ASSIGN_OR_RETURN(auto tensors, plan_globally(topo, state));
+  cache.tensors = std::make_shared<const std::vector<planner::TensorPlan>>(std::move(tensors));
+  cache.local_signature = signature;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& state, PlanCache& cache,
                                  SaveReport& report) {
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
   // One allreduce answers both "did any rank fail its local checks" (-1) and "is every rank's
-  // structure unchanged" (1): the steady state costs a single collective.
-  const Status local = check_local_items(state);
-  const uint64_t sig = local.ok() ? structure_signature(state) : 0;
-  int mine = !local.ok() ? -1 : (cache.tensors && cache.local_signature == sig ? 1 : 0), all = 0;
+  // structure unchanged" (1).
+  const CacheCheck c = check_cache(state, cache);
+  int mine = !c.local.ok() ? -1 : c.hit, all = 0;
   H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
-  if (all < 0) return comm::agree(local, world);  // every rank joins; the failing one explains
-  const int all_same = all;
-  if (!all_same) {
-    cache.tensors.reset();
-    H5CKPT_ASSIGN_OR_RETURN(auto tensors, plan_globally(topo, state));
-    cache.tensors = std::make_shared<const std::vector<planner::TensorPlan>>(std::move(tensors));
-    cache.local_signature = sig;
-  }
-  report.plan_cached = all_same != 0;
+  if (all < 0) return comm::agree(c.local, world);  // every rank joins; the failing one explains
+  if (!all) H5CKPT_RETURN_IF_ERROR(replan(topo, state, cache, c.signature));
+  report.plan_cached = all != 0;
   report.plan_s = now_s() - t0;
   return cache.tensors;
 }
@@ -216,37 +237,52 @@ void drain(PieceSource& source) {
 
 }  // namespace
 
+std::string normalized_path(const std::string& path) {
+  std::string p = fs::path(path).lexically_normal().string();
+  if (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+Result<std::string> make_temp_dir(const Topology::Impl& comms, const std::string& path, const SaveOptions& options,
+                                  const Status& local, int* flag) {
+  const MPI_Comm world = comms.world.get();
+  const bool coordinator = comms.world.rank() == comms.coordinator;
+  const std::string target = normalized_path(path);
+  std::string temp;
+  Status st = local;
+  if (coordinator && st.ok()) {
+    const std::string nonce = std::to_string(::getpid()) + "-" +
+                              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+    temp = storage::temp_dir_for(target, nonce);
+    std::error_code ec;
+    if (!options.overwrite && fs::exists(target, ec))
+      st = Status(ErrorCode::kAlreadyExists, "checkpoint '" + target + "' already exists (pass overwrite to replace it)");
+    else
+      st = storage::make_dir(temp);
+    if (!st.ok()) temp.clear();
+  }
+  if (Status a = comm::agree(st, world, flag); !a.ok()) {
+    if (!temp.empty()) (void)storage::remove_tree(temp);
+    return a;
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(temp, comms.coordinator, world));
+  return temp;
+}
+
 Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
-                                    const std::string& path, const SaveOptions& options,
+                                    const std::string& path, const std::string& temp, const SaveOptions& options,
                                     const CheckpointerOptions& copts,
                                     const std::map<std::string, std::string>& attributes, PieceSource& source,
                                     SaveReport report) {
   const double t0 = now_s();
   const MPI_Comm world = comms.world.get();
   const bool coordinator = comms.world.rank() == comms.coordinator;
-  report.path = fs::path(path).lexically_normal().string();
-  if (report.path.size() > 1 && report.path.back() == '/') report.path.pop_back();
-  auto fail = [&](const Status& s, const std::string& temp) -> Status {
+  report.path = normalized_path(path);
+  auto fail = [&](const Status& s, const std::string& dir) -> Status {
     drain(source);
-    if (coordinator && !temp.empty()) (void)storage::remove_tree(temp);
+    if (coordinator && !dir.empty()) (void)storage::remove_tree(dir);
     return s.with_context("save '" + path + "'");
   };
-
-  // Phase 2: the coordinator makes a fresh temporary directory; everyone learns its name.
-  std::string temp;
-  Status st;
-  if (coordinator) {
-    const std::string nonce = std::to_string(::getpid()) + "-" +
-                              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-    temp = storage::temp_dir_for(report.path, nonce);
-    std::error_code ec;
-    if (!options.overwrite && fs::exists(report.path, ec))
-      st = Status(ErrorCode::kAlreadyExists, "checkpoint '" + report.path + "' already exists (pass overwrite to replace it)");
-    else
-      st = storage::make_dir(temp);
-  }
-  if (Status a = comm::agree(st, world); !a.ok()) return fail(a, "");
-  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(temp, comms.coordinator, world));
 
   // Phase 3: datasets created collectively; each rank then writes its pieces independently
   // (no per-tensor collective), checksumming each region as its pieces stream by.
@@ -325,7 +361,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
     w.put<uint64_t>(sum);
   }
   auto gathered = comm::gather_bytes(w.str(), comms.coordinator, world);
-  st = gathered.status();
+  Status st = gathered.status();
   if (coordinator && st.ok()) {
     CheckpointInfo info;
     info.library_version = H5CKPT_VERSION;
@@ -371,18 +407,46 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   return report;
 }
 
+Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
+                                    const std::string& path, const SaveOptions& options,
+                                    const CheckpointerOptions& copts,
+                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
+                                    SaveReport report) {
+  auto temp = make_temp_dir(comms, path, options, Status::Ok(), nullptr);
+  if (!temp.ok()) {
+    drain(source);
+    return temp.status().with_context("save '" + path + "'");
+  }
+  return write_and_commit(comms, tensors, path, *temp, options, copts, attributes, source, std::move(report));
+}
+
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
                         PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool) {
   const double t0 = now_s();
   SaveReport report;
-  auto plan = prepare_save(topo, state, cache, report);
-  if (!plan.ok()) return plan.status().with_context("save '" + path + "'");
+  // The cache check needs no collective of its own: whether every rank's structure is unchanged
+  // travels in the agreement that creates the temporary directory, which every save has.
+  const CacheCheck c = check_cache(state, cache);
+  report.plan_s = now_s() - t0;
+  int all_hit = c.hit;
+  auto temp = make_temp_dir(topo, path, options, c.local, &all_hit);
+  if (!temp.ok()) return temp.status().with_context("save '" + path + "'");
+  report.plan_cached = all_hit != 0;
+  if (!all_hit) {
+    const double p0 = now_s();
+    if (Status st = replan(topo, state, cache, c.signature); !st.ok()) {
+      if (topo.world.rank() == topo.coordinator) (void)storage::remove_tree(*temp);
+      return st.with_context("save '" + path + "'");
+    }
+    report.plan_s += now_s() - p0;
+  }
+  const std::vector<planner::TensorPlan>& plan = *cache.tensors;
   bool any_device = false;
   for (const auto& it : state.items()) any_device = any_device || device::is_device_item(it);
   std::unique_ptr<PieceSource> source;
   if (!any_device) {
-    source = std::make_unique<DirectSource>(my_pieces(topo.world.rank(), **plan, state, copts.max_piece_bytes));
+    source = std::make_unique<DirectSource>(my_pieces(topo.world.rank(), plan, state, copts.max_piece_bytes));
   } else {
     // Device pieces are bounded by half the pool (or 64 MiB when the pool is unbounded).
     const uint64_t half = std::max<uint64_t>(
@@ -391,10 +455,10 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
     Status staged = pool.capacity() >= 2 * half ? Status::Ok()
                                                 : Status(ErrorCode::kIo, "could not allocate " + std::to_string(2 * half) +
                                                                              " bytes of host staging for device buffers");
-    source = std::make_unique<DeviceStagedSource>(my_pieces(topo.world.rank(), **plan, state, half), pool.base(),
+    source = std::make_unique<DeviceStagedSource>(my_pieces(topo.world.rank(), plan, state, half), pool.base(),
                                                   half, std::move(staged));
   }
-  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, **plan, path, options, copts, attributes, *source, report));
+  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, plan, path, *temp, options, copts, attributes, *source, report));
   report.total_s = now_s() - t0;
   record_metrics(topo, copts, report);
   metrics::log().info("saved '{}': {} bytes written here, plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
