@@ -1,6 +1,8 @@
-// Save: validate locally -> plan (cached) -> create temp dir -> collective HDF5 writes ->
-// gather checksums -> coordinator writes metadata and commits. Each phase ends in agree().
+// Save: validate locally -> create temp dir (its agreement also says whether the cached plan
+// holds on every rank) -> plan if not -> collective HDF5 file, independent writes -> gather
+// checksums -> coordinator writes metadata and commits. Each phase ends in agree().
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (structure_signature)
 #include <xxhash.h>
 
 #include <chrono>
@@ -39,10 +41,30 @@ Status check_item_buffer(const StateItem& item) {
 }
 
 uint64_t structure_signature(const StateDict& state) {
-  std::vector<planner::ItemDesc> descs;
-  for (const auto& it : state.items()) descs.push_back({it.key, it.dtype, it.global_shape, it.shard});
-  const std::string bytes = encode_items(descs);
-  return XXH3_64bits(bytes.data(), bytes.size());
+  // Streamed into the hash field by field: no copy of the descriptors and no allocation, as this
+  // runs on every save and load (a cache hit costs little more than this).
+  XXH3_state_t h;
+  XXH3_64bits_reset(&h);
+  auto put = [&h](const void* p, size_t n) { XXH3_64bits_update(&h, p, n); };
+  auto put_u64 = [&put](uint64_t v) { put(&v, sizeof v); };
+  auto put_shape = [&](const Shape& v) {
+    put_u64(v.size());
+    put(v.data(), v.size() * sizeof(v[0]));
+  };
+  for (const auto& it : state.items()) {
+    put_u64(it.key.size());
+    put(it.key.data(), it.key.size());
+    put_u64(static_cast<uint64_t>(it.dtype));
+    put_shape(it.global_shape);
+    put_shape(it.shard.box.offset);
+    put_shape(it.shard.box.shape);
+    put_u64(it.shard.flat ? 1 : 0);
+    if (it.shard.flat) {
+      put_u64(static_cast<uint64_t>(it.shard.flat->first));
+      put_u64(static_cast<uint64_t>(it.shard.flat->second));
+    }
+  }
+  return XXH3_64bits_digest(&h);
 }
 
 namespace {
