@@ -401,8 +401,13 @@ int main(int argc, char** argv) {
     };
     const std::string sync_data = sync_path + "/data.h5", async_data = async_path + "/data.h5";
     const uint64_t sync_size = fs::file_size(sync_data), async_size = fs::file_size(async_data);
-    auto share = [&](uint64_t size, int r) { return size / static_cast<uint64_t>(g_size) * static_cast<uint64_t>(r); };
-    const uint64_t ck_begin = share(sync_size, g_rank), ck_end = g_rank + 1 == g_size ? sync_size : share(sync_size, g_rank + 1);
+    // This rank's contiguous 1/N share of a file of `size` bytes (the last rank takes the rest).
+    auto my_share = [&](uint64_t size) {
+      const uint64_t per = size / static_cast<uint64_t>(g_size);
+      return std::pair<uint64_t, uint64_t>{per * g_rank, g_rank + 1 == g_size ? size : per * (g_rank + 1)};
+    };
+    const auto [ck_begin, ck_end] = my_share(sync_size);
+    const auto [async_begin, async_end] = my_share(async_size);
     StateDict same_sd, reshard_sd;
     auto info = check(read_checkpoint_info(sync_path), "reading metadata");
     if (Status st = same_w.stage_load(same_sd, info); !st.ok()) die(st.to_string());
@@ -436,7 +441,7 @@ int main(int argc, char** argv) {
       if (!no_prewarm) prewarm(same_sd);
       t["load_no_zr_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, plain), "load").bytes_read; }));
       t["load_no_zr_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
-      cold_start(async_data, share(async_size, g_rank), g_rank + 1 == g_size ? async_size : share(async_size, g_rank + 1));
+      cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
       t["reshard_load_s"].push_back(
           timed([&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read; }));
