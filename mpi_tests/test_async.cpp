@@ -42,14 +42,6 @@ class Async : public ::testing::Test {
     topo_.reset();
     if (root) fs::remove_all(root_);
   }
-  // Every rank compares the two checkpoints (cheap here) and all must agree they match.
-  void expect_same(const std::string& a, const std::string& b) {
-    std::string why;
-    bool here = false;
-    const bool everywhere = h5ckpt::testing::same_datasets_on_all_ranks(a, b, &here, &why);
-    EXPECT_TRUE(here) << why;
-    EXPECT_TRUE(everywhere);
-  }
   std::string root_;
   Layout L_;
   std::optional<Topology> topo_;
@@ -68,7 +60,7 @@ TEST_F(Async, EqualsSyncSaveEvenWhenBuffersAreOverwrittenAtOnce) {
 
   h5ckpt::testing::TestModel fresh(L_, topo_->coords(), true);
   ASSERT_TRUE(ck.save(fresh.state(), root_ + "/sync").ok());
-  expect_same(root_ + "/async", root_ + "/sync");
+  h5ckpt::testing::expect_same_datasets(root_ + "/async", root_ + "/sync");
 
   h5ckpt::testing::TestModel loaded(L_, topo_->coords(), false);
   ASSERT_TRUE(ck.load(loaded.state(), root_ + "/async").ok());
@@ -91,7 +83,7 @@ TEST_F(Async, SmallStagingPoolBlocksForWhatDoesNotFitAndStaysCorrect) {
   EXPECT_LE(r->blocked_bytes, r->bytes_written);
   h5ckpt::testing::TestModel fresh(L_, topo_->coords(), true);
   ASSERT_TRUE(ck.save(fresh.state(), root_ + "/ref").ok());
-  expect_same(root_ + "/small", root_ + "/ref");
+  h5ckpt::testing::expect_same_datasets(root_ + "/small", root_ + "/ref");
 }
 
 TEST_F(Async, HdfWritePathAndDirectWritesGiveTheSameFile) {
@@ -106,7 +98,7 @@ TEST_F(Async, HdfWritePathAndDirectWritesGiveTheSameFile) {
   direct.max_piece_bytes = 100;
   Checkpointer b(*topo_, direct);
   ASSERT_TRUE(b.save(model.state(), root_ + "/direct").ok());
-  expect_same(root_ + "/hdf5", root_ + "/direct");
+  h5ckpt::testing::expect_same_datasets(root_ + "/hdf5", root_ + "/direct");
   h5ckpt::testing::TestModel loaded(L_, topo_->coords(), false);
   ASSERT_TRUE(b.load(loaded.state(), root_ + "/hdf5").ok());
   std::string first;

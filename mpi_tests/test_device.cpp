@@ -37,13 +37,6 @@ class DeviceState : public ::testing::Test {
     MPI_Barrier(MPI_COMM_WORLD);
     if (h5ckpt::testing::world_rank() == 0) fs::remove_all(root_);
   }
-  void expect_same(const std::string& a, const std::string& b) {
-    std::string why;
-    bool here = false;
-    const bool everywhere = h5ckpt::testing::same_datasets_on_all_ranks(a, b, &here, &why);
-    EXPECT_TRUE(here) << why;
-    EXPECT_TRUE(everywhere);
-  }
   std::string root_;
 };
 
@@ -70,7 +63,7 @@ TEST_F(DeviceState, SyncSaveFromDeviceEqualsHostSave) {
       auto h = ck.save(model.state(), root_ + "/host");
       ASSERT_TRUE(h.ok()) << h.status().to_string();
     }
-    expect_same(dev_path, root_ + "/host");
+    h5ckpt::testing::expect_same_datasets(dev_path, root_ + "/host");
   }
 }
 
@@ -98,7 +91,7 @@ TEST_F(DeviceState, AsyncSaveSnapshotsDeviceBytesBeforeReturning) {
     auto r = h->wait();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_TRUE(r->async);
-    expect_same(p, root_ + "/host");
+    h5ckpt::testing::expect_same_datasets(p, root_ + "/host");
   }
 }
 

@@ -2,6 +2,7 @@
 // flat index), so any rank can check any buffer it holds, element by element.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdint>
@@ -52,6 +53,15 @@ bool same_datasets(const std::string& a, const std::string& b, std::string* why)
 /// same_datasets on every rank of MPI_COMM_WORLD (collective): *here is this rank's answer (with
 /// *why), the return value whether every rank answered yes.
 bool same_datasets_on_all_ranks(const std::string& a, const std::string& b, bool* here, std::string* why);
+
+/// Expects (gtest, on every rank) that a and b hold the same datasets everywhere. Collective.
+inline void expect_same_datasets(const std::string& a, const std::string& b) {
+  std::string why;
+  bool here = false;
+  const bool everywhere = same_datasets_on_all_ranks(a, b, &here, &why);
+  EXPECT_TRUE(here) << why;
+  EXPECT_TRUE(everywhere);
+}
 
 /// This process's rank and the size of MPI_COMM_WORLD.
 int world_rank();
