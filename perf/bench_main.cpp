@@ -249,7 +249,18 @@ int main(int argc, char** argv) {
   if (save_l.dp == 1 && save_l.tp * save_l.pp != g_size) save_l.dp = g_size / (save_l.tp * save_l.pp);
   if (load_l.tp * load_l.pp * load_l.dp != g_size) {
     // Default resharding target: swap TP and DP (and keep PP), with the optimizer layout flipped.
+    // When the model cannot take the swapped TP (TP must divide the KV heads), the largest other
+    // TP it can take.
+    auto valid = [&](const Layout& l) {
+      workload::TrainConfig cfg;
+      cfg.model = model;
+      cfg.sizes = ParallelSizes{l.tp, l.dp, l.pp};
+      return cfg.validate(g_size).ok();
+    };
     load_l = Layout{save_l.dp, save_l.pp, save_l.tp, !save_l.zero};
+    const int tp_pp = g_size / save_l.pp;
+    for (int tp = tp_pp; !valid(load_l) && tp >= 1; --tp)
+      if (tp != save_l.tp && tp_pp % tp == 0) load_l = Layout{tp, save_l.pp, tp_pp / tp, !save_l.zero};
     if (load_l.tp == save_l.tp) load_l.zero = !save_l.zero;
   }
 

@@ -5,6 +5,7 @@
 
 #include "device/staging.h"
 #include "metrics/log.h"
+#include "util/stream_copy.h"
 
 namespace h5ckpt::engine {
 
@@ -176,7 +177,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
       bool waited = false;
       char* dst = pool_.acquire(p.bytes, &waited);
       if (!p.on_device) {
-        std::memcpy(dst, p.data, p.bytes);
+        detail::stream_copy(dst, p.data, p.bytes);
       } else {  // device to pinned pool; the writer may only see it once the copy is done
         Status st = dev.copy_to_host(dst, p.data, p.bytes);
         if (st.ok()) st = dev.synchronize();
