@@ -445,8 +445,13 @@ int main(int argc, char** argv) {
       t["raw_read_ckpt_s"].push_back(timed([&] { read_range(sync_data, ck_begin, ck_end, scratch); }));
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
-      t["load_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, config.load), "load").bytes_read; }));
-      t["load_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+      LoadReport lr;
+      t["load_s"].push_back(timed([&] { lr = check(ck.load(same_sd, sync_path, config.load), "load"); }));
+      t["load_bytes_read"].push_back(static_cast<double>(sum_all(lr.bytes_read)));
+      // Where the load's time goes (slowest rank in each part).
+      t["load_plan_s"].push_back(max_all(lr.plan_s));
+      t["load_read_s"].push_back(max_all(lr.read_s));
+      t["load_exchange_s"].push_back(max_all(lr.exchange_s));
       // The same load with every DP replica reading for itself (zero-redundancy off).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
@@ -524,6 +529,7 @@ int main(int argc, char** argv) {
     s["load_bytes_read"] = m("load_bytes_read");
     s["reshard_bytes_read"] = m("reshard_bytes_read");
     s["load_no_zr_bytes_read"] = m("load_no_zr_bytes_read");
+    for (const char* k : {"load_plan_s", "load_read_s", "load_exchange_s"}) s[k] = m(k);
     s["zr_read_bytes_saved"] = 1.0 - m("load_bytes_read") / m("load_no_zr_bytes_read");
     s["peak_rss_mib"] = rss_mib;
     s["sync_save_over_raw_write"] = m("sync_save_s") / raw_write;
