@@ -4,7 +4,7 @@
 # the Debian runtime packages they link, plus env.sh to unpack and point at them there.
 #   here:  ./scripts/gpu_bundle.sh [bundle dir, default .gpu]   (needs ./build with CUDA on)
 #   there: . .gpu/env.sh && $MPIRUN -np 1 .gpu/bin/test_gpu
-# The bundle directory must be ignored by git (.git/info/exclude) and carried to the machine.
+# The default bundle directory .gpu/ is git-ignored; carry it to the machine.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${H5CKPT_BUILD_DIR:-$ROOT/build}
