@@ -7,6 +7,10 @@
 
 namespace h5ckpt::comm {
 
+namespace {
+constexpr int kAgreePollMicros = 50;  // an agreement ends every phase: keep its latency small
+}  // namespace
+
 Status mpi_status(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return Status::Ok();
   char msg[MPI_MAX_ERROR_STRING];
@@ -57,8 +61,10 @@ Status agree(const Status& local, MPI_Comm comm, int* flag) {
   MPI_Comm_size(comm, &size);
   const int mine[2] = {local.ok() ? 0 : 1, flag ? *flag : 0};
   std::vector<int> all(2 * static_cast<size_t>(size));
-  int rc = MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm);
-  if (rc != MPI_SUCCESS) return mpi_status(rc, "agreement (MPI_Allgather)");
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(
+      mpi_status(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm, &req), "agreement (MPI_Iallgather)"));
+  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Testall)"));
   std::vector<int> failing;
   for (int r = 0; r < size; ++r) {
     if (all[2 * r]) failing.push_back(r);
@@ -82,14 +88,18 @@ Status agree(const Status& local, MPI_Comm comm, int* flag) {
                 "rank " + std::to_string(teller) + ": " + text + " [failed on rank(s) " + ranks + "]");
 }
 
-Status idle_barrier(MPI_Comm comm, int poll_us) {
-  MPI_Request req;
-  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibarrier(comm, &req), "MPI_Ibarrier"));
+Status wait_asleep(int n, MPI_Request* requests, int poll_us, const char* what) {
   for (int done = 0;;) {
-    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test"));
+    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), what));
     if (done) return Status::Ok();
     std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
   }
+}
+
+Status idle_barrier(MPI_Comm comm, int poll_us) {
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibarrier(comm, &req), "MPI_Ibarrier"));
+  return wait_asleep(1, &req, poll_us, "MPI_Test(barrier)");
 }
 
 Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm) {

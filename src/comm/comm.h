@@ -34,12 +34,18 @@ Status mpi_status(int rc, const char* what);
 
 /// The agreement step ending every collective phase: every rank passes its local outcome and
 /// every rank gets back the same Status. On failure it carries the first failing rank's
-/// message and the list of failing ranks. Collective over `comm`.
+/// message and the list of failing ranks. Ranks that arrive first wait asleep (wait_asleep).
+/// Collective over `comm`.
 Status agree(const Status& local, MPI_Comm comm);
 
 /// agree() that also carries one flag per rank in the same collective: on success `*flag`
 /// becomes the minimum over all ranks (lets a phase fold a yes/no question into its agreement).
 Status agree(const Status& local, MPI_Comm comm, int* flag);
+
+/// Completes `n` requests, sleeping `poll_us` between MPI_Testall polls: blocking MPI calls
+/// busy-poll, and a rank waiting for slower peers would take the CPU they need wherever ranks
+/// outnumber cores (or a background thread would take the trainer's).
+Status wait_asleep(int n, MPI_Request* requests, int poll_us, const char* what);
 
 /// A barrier that sleeps between polls instead of spinning, for background threads whose wait
 /// should leave the CPU to the trainer (blocking MPI collectives busy-poll). Collective.

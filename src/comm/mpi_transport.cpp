@@ -1,6 +1,4 @@
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -50,17 +48,10 @@ class MpiTransport final : public Transport {
                       "MPI_Testall");
   }
 
-  // Polls with short sleeps instead of MPI_Waitall: a rank that has finished its reads waits
-  // here for transfers that need its peers' reads first, and spinning would take the CPU those
-  // readers need wherever ranks outnumber cores. A bulk transfer hardly notices the sleeps.
+  // Asleep: a rank that has finished its reads waits here for transfers that need its peers'
+  // reads first. A bulk transfer hardly notices the sleeps.
   Status wait_all() override {
-    Status st;
-    for (int done = 0; st.ok() && !requests_.empty();) {
-      st = mpi_status(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE),
-                      "MPI_Testall");
-      if (done) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(kPollMicros));
-    }
+    Status st = wait_asleep(static_cast<int>(requests_.size()), requests_.data(), kPollMicros, "MPI_Testall");
     requests_.clear();
     return st;
   }

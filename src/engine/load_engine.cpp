@@ -447,9 +447,6 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     if (local.ok()) local = done;
   }
   report.bytes_read = (reader ? reader->bytes_read() : 0) + extra_bytes.load();
-  // Ranks that finish first wait asleep: the agreement's collective would spin and slow the
-  // ranks still reading wherever ranks outnumber cores.
-  H5CKPT_RETURN_IF_ERROR(comm::idle_barrier(world));
   H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
   const double t_end = now_s();
   report.exchange_s = t_end - t_read;
