@@ -27,3 +27,7 @@ h5ckpt_add_mpi_test(test_zero_redundancy LABELS load RANKS 1 2 4 8 TIMEOUT 300)
 h5ckpt_mpi_test_binary(test_direct_io test_direct_io.cpp)
 target_link_libraries(test_direct_io PRIVATE h5ckpt_test_support)
 h5ckpt_add_mpi_test(test_direct_io LABELS core RANKS 1 2 3 4 TIMEOUT 300)
+
+h5ckpt_mpi_test_binary(test_aggregated_read test_aggregated_read.cpp)
+target_link_libraries(test_aggregated_read PRIVATE h5ckpt_test_support)
+h5ckpt_add_mpi_test(test_aggregated_read LABELS load RANKS 1 2 3 4 8 TIMEOUT 300)

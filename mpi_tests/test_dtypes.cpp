@@ -142,16 +142,22 @@ TEST_F(Dtypes, F32CheckpointIntoBf16BufferRoundsToNearestEven) {
   std::vector<uint16_t> dst(1000);
   StateDict want;
   want.add_replicated("model/w", DType::kBF16, {1000}, dst.data());
-  auto r = ck.load(want, root_ + "/f32");
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  for (size_t i = 0; i < src.size(); ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], 4);
-    const uint16_t expect = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);  // RNE, finite inputs
-    ASSERT_EQ(dst[i], expect) << "element " << i << " value " << src[i];
+  for (bool aggregate : {false, true}) {  // per-item reads, and two-phase reads
+    LoadOptions o;
+    o.aggregate_reads = aggregate;
+    o.read_window_bytes = 1024;
+    std::fill(dst.begin(), dst.end(), 0xFFFF);
+    auto r = ck.load(want, root_ + "/f32", o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (size_t i = 0; i < src.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &src[i], 4);
+      const uint16_t expect = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);  // RNE, finite inputs
+      ASSERT_EQ(dst[i], expect) << "element " << i << " value " << src[i] << (aggregate ? " (aggregated)" : "");
+    }
+    EXPECT_EQ(dst[0], 0x3F80);
+    EXPECT_EQ(dst[1], 0x3F82);
   }
-  EXPECT_EQ(dst[0], 0x3F80);
-  EXPECT_EQ(dst[1], 0x3F82);
   // Without conversion allowed, the dtype difference is an error.
   LoadOptions strict_types;
   strict_types.convert_dtype = false;
@@ -183,12 +189,19 @@ TEST_F(Dtypes, PaddedVocabularyShapeMismatch) {
     auto strict = ck.load(st, root_ + "/vocab");
     EXPECT_EQ(strict.status().code(), ErrorCode::kShapeMismatch);
     it.allow_shape_mismatch = true;
-    auto r = ck.load(st, root_ + "/vocab");
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    for (int64_t j = 0; j < s.numel(); ++j) {
-      const int64_t row = s.box.offset[0] + j / 4;
-      const float expect = row < 37 ? full[row * 4 + j % 4] : 0.0f;
-      ASSERT_EQ(buf[j], expect) << "rows " << rows << " element " << j;
+    for (bool aggregate : {false, true}) {  // per-item reads, and two-phase reads
+      LoadOptions o;
+      o.aggregate_reads = aggregate;
+      o.read_window_bytes = 64;
+      std::fill(buf.begin(), buf.end() - 1, -1.0f);
+      auto r = ck.load(st, root_ + "/vocab", o);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      for (int64_t j = 0; j < s.numel(); ++j) {
+        const int64_t row = s.box.offset[0] + j / 4;
+        const float expect = row < 37 ? full[row * 4 + j % 4] : 0.0f;
+        ASSERT_EQ(buf[j], expect) << "rows " << rows << " element " << j << (aggregate ? " (aggregated)" : "");
+      }
+      EXPECT_EQ(buf.back(), -1.0f) << "wrote past the buffer";
     }
   }
 }

@@ -123,11 +123,15 @@ TEST_F(Errors, TruncatedDataFile) {
     const auto f = fs::path(d) / "data.h5";
     fs::resize_file(f, fs::file_size(f) / 2);
   });
-  Status st = load_model(dir);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.code(), ErrorCode::kCorrupt) << st.to_string();
-  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.to_string();
-  expect_same_on_all_ranks(st);
+  for (bool aggregate : {false, true}) {
+    LoadOptions o;
+    o.aggregate_reads = aggregate;
+    Status st = load_model(dir, o);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), ErrorCode::kCorrupt) << st.to_string();
+    EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.to_string();
+    expect_same_on_all_ranks(st);
+  }
 }
 
 TEST_F(Errors, FlippedByteInMetadata) {

@@ -431,6 +431,8 @@ int main(int argc, char** argv) {
     }
     LoadOptions plain = config.load;
     plain.zero_redundancy = false;
+    LoadOptions aggregated = config.load;
+    aggregated.aggregate_reads = true;
     uint64_t read_bytes = 0;
     // Cold reads vary most on this VM, so each repeat measures them in several interleaved
     // rounds: floors and loads alternate and see the same conditions.
@@ -457,6 +459,13 @@ int main(int argc, char** argv) {
       if (!no_prewarm) prewarm(same_sd);
       t["load_no_zr_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, plain), "load").bytes_read; }));
       t["load_no_zr_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+      // The same load with two-phase reads (each rank reads one contiguous domain, MPI moves
+      // the pieces).
+      cold_start(sync_data, ck_begin, ck_end);
+      if (!no_prewarm) prewarm(same_sd);
+      t["load_aggregated_s"].push_back(
+          timed([&] { read_bytes = check(ck.load(same_sd, sync_path, aggregated), "load").bytes_read; }));
+      t["load_aggregated_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
       t["reshard_load_s"].push_back(
@@ -500,7 +509,7 @@ int main(int argc, char** argv) {
   if (g_rank == 0) {
     const std::vector<std::string> order = {"raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s", "sync_save_s",
                                             "async_block_s",    "async_total_s",      "raw_read_rank_s", "raw_read_ckpt_s", "load_s",
-                                            "load_no_zr_s",     "reshard_load_s"};
+                                            "load_no_zr_s",     "load_aggregated_s", "reshard_load_s"};
     std::vector<std::string> printed = order;
     if (device_kind != "none")
       for (const char* k : {"d2h_memcpy_s", "device_async_block_s", "device_async_total_s", "device_load_s"})
@@ -529,6 +538,7 @@ int main(int argc, char** argv) {
     s["load_bytes_read"] = m("load_bytes_read");
     s["reshard_bytes_read"] = m("reshard_bytes_read");
     s["load_no_zr_bytes_read"] = m("load_no_zr_bytes_read");
+    s["load_aggregated_bytes_read"] = m("load_aggregated_bytes_read");
     for (const char* k : {"load_plan_s", "load_read_s", "load_exchange_s"}) s[k] = m(k);
     s["zr_read_bytes_saved"] = 1.0 - m("load_bytes_read") / m("load_no_zr_bytes_read");
     s["peak_rss_mib"] = rss_mib;
@@ -536,6 +546,7 @@ int main(int argc, char** argv) {
     s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
     s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");
     s["load_over_raw_read"] = m("load_s") / raw_read;
+    s["load_aggregated_over_raw_read"] = m("load_aggregated_s") / raw_read;
     s["reshard_load_over_load"] = m("reshard_load_s") / m("load_s");
     if (device_kind != "none") {
       s["device"] = device_kind;

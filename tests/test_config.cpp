@@ -81,6 +81,8 @@ void expect_defaults(const Config& c) {
   EXPECT_EQ(c.load.convert_dtype, lo.convert_dtype);
   EXPECT_EQ(c.load.verify_checksums, lo.verify_checksums);
   EXPECT_EQ(c.load.zero_redundancy, lo.zero_redundancy);
+  EXPECT_EQ(c.load.aggregate_reads, lo.aggregate_reads);
+  EXPECT_EQ(c.load.read_window_bytes, lo.read_window_bytes);
   EXPECT_EQ(c.log_level, "warn");
 }
 
@@ -112,6 +114,8 @@ strict = false
 convert_dtype = false
 verify_checksums = true
 zero_redundancy = false
+aggregate_reads = true
+read_window_bytes = "8MiB"
 
 [mpi_hints]
 romio_cb_write = "enable"
@@ -142,6 +146,8 @@ dir = "/tmp/metrics here"
   EXPECT_FALSE(c.load.convert_dtype);
   EXPECT_TRUE(c.load.verify_checksums);
   EXPECT_FALSE(c.load.zero_redundancy);
+  EXPECT_TRUE(c.load.aggregate_reads);
+  EXPECT_EQ(c.load.read_window_bytes, 8ull << 20);
   const std::map<std::string, std::string> hints{
       {"romio_cb_write", "enable"}, {"cb_nodes", "4"}, {"romio_no_indep_rw", "true"}};
   EXPECT_EQ(c.checkpointer.mpi_hints, hints);
@@ -361,7 +367,7 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
   for (const char* key : {"[checkpointer]", "\nasync = ", "\ndirect_writes = ", "\ndirect_io = ", "\nstaging_bytes = ", "\nmax_piece_bytes = ",
                           "\nalignment = ", "\nio_threads = ", "[save]", "\nchecksums = ", "\noverwrite = ",
                           "\nupdate_latest = ", "[load]", "\nstrict = ", "\nconvert_dtype = ",
-                          "\nverify_checksums = ", "\nzero_redundancy = ", "[mpi_hints]", "[logging]",
+                          "\nverify_checksums = ", "\nzero_redundancy = ", "\naggregate_reads = ", "\nread_window_bytes = ", "[mpi_hints]", "[logging]",
                           "\nlevel = ", "[metrics]", "\nenabled = ", "\ndir = "})
     EXPECT_NE(text.find(key), std::string::npos) << key << " missing from " << path;
 }

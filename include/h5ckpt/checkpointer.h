@@ -37,6 +37,14 @@ struct LoadOptions {
   /// Zero-redundancy loading: when several ranks want identical bytes (DP replicas), one of them
   /// (balanced by bytes) reads them from storage and sends them to the others.
   bool zero_redundancy = true;
+  /// Two-phase reads: the file span the job wants is cut into one contiguous domain per rank;
+  /// each rank reads its domain in windows of `read_window_bytes` and sends every rank the pieces
+  /// it wants over MPI. Storage then sees one sequential stream per rank and every byte is read
+  /// once, replicas included (it subsumes zero_redundancy). Host buffers only: with device
+  /// buffers on any rank the load reads per item.
+  bool aggregate_reads = false;
+  /// Bytes read at once by an aggregating rank; two such buffers come from the staging pool.
+  uint64_t read_window_bytes = 32ull << 20;
 };
 
 /// Settings of a Checkpointer that outlive one call.

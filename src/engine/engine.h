@@ -121,6 +121,7 @@ struct LoadPlanCache {
   std::vector<ItemRole> roles;
   bool any_device = false;        ///< some rank loads into device memory
   bool device_transport = false;  ///< device replicas move over DeviceLink::transport
+  bool aggregated = false;        ///< two-phase reads (LoadOptions::aggregate_reads) on every rank
 };
 
 /// Collective load over topo.world (see Checkpointer::load). Device items are read (or

@@ -3,6 +3,7 @@
 // (zero-redundancy loading); each reader reads exactly the boxes it wants at recorded offsets.
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <filesystem>
 
 #include "comm/transport.h"
+#include "engine/aggregated_read.h"
 #include "device/staging.h"
 #include "engine/engine.h"
 #include "engine/plan_codec.h"
@@ -22,6 +24,7 @@
 #include "storage/region_reader.h"
 #include "util/bytes.h"
 #include "util/checked_math.h"
+#include "util/dtype_convert.h"
 
 namespace h5ckpt::engine {
 
@@ -59,20 +62,65 @@ Status check_item(const CheckpointInfo& info, const StateItem& item, const LoadO
   return Status::Ok();
 }
 
+// The parts of tensor t an item's shard reads. Padded vocabularies: the common part is read,
+// the rest of the buffer zeroed (`zero` gets the buffer to clear), the surplus dropped.
+std::vector<Box> wanted_regions(const TensorInfo& t, const StateItem& item, void* zero) {
+  Box readable{Shape(t.shape.size(), 0), t.shape};
+  if (t.shape != item.global_shape) {
+    for (size_t d = 0; d < t.shape.size(); ++d) readable.shape[d] = std::min(t.shape[d], item.global_shape[d]);
+    std::memset(zero, 0, static_cast<size_t>(item.shard.numel()) * dtype_size(item.dtype));
+  }
+  std::vector<Box> parts;
+  for (const Box& want : planner::shard_boxes(item.shard))
+    if (auto part = planner::intersect(want, readable)) parts.push_back(*part);
+  return parts;
+}
+
 // Reads one item from storage into its buffer.
 Status read_item(const CheckpointInfo& info, storage::RegionReader& reader, StateItem& item) {
   const TensorInfo* t = info.find(item.key);
-  Box readable{Shape(t->shape.size(), 0), t->shape};
-  if (t->shape != item.global_shape) {
-    // Padded vocabularies: copy the common part, zero the rest, drop the surplus.
-    for (size_t d = 0; d < t->shape.size(); ++d) readable.shape[d] = std::min(t->shape[d], item.global_shape[d]);
-    std::memset(item.data, 0, static_cast<size_t>(item.shard.numel()) * dtype_size(item.dtype));
-  }
   const planner::Frame frame = planner::frame_of(item.shard);
-  for (const Box& want : planner::shard_boxes(item.shard)) {
-    auto part = planner::intersect(want, readable);
-    if (!part) continue;
-    H5CKPT_RETURN_IF_ERROR(reader.read(*t, *part, frame, item.dtype, item.data));
+  for (const Box& part : wanted_regions(*t, item, item.data))
+    H5CKPT_RETURN_IF_ERROR(reader.read(*t, part, frame, item.dtype, item.data));
+  return Status::Ok();
+}
+
+// Aggregated load of every item this rank reads: the file pieces each item wants go to
+// aggregated_read; items stored in another dtype land in a buffer of the stored dtype first
+// and are converted after.
+Status read_items_aggregated(const Topology::Impl& topo, const CheckpointInfo& info, StateDict& state,
+                             const std::vector<ItemRole>& roles, const std::string& data_file,
+                             const LoadOptions& options, StagingPool& pool, LoadReport& report) {
+  std::vector<ReadPiece> pieces;
+  std::vector<std::pair<size_t, std::vector<char>>> converted;  // item, bytes in the stored dtype
+  for (size_t i = 0; i < roles.size(); ++i) {
+    if (roles[i].role != Role::kRead) continue;
+    StateItem& it = state.items()[i];
+    const TensorInfo* t = info.find(it.key);
+    if (t->file_offset < 0) continue;  // empty tensor
+    const uint64_t es = dtype_size(t->dtype);
+    char* dst = static_cast<char*>(it.data);
+    if (t->dtype != it.dtype) {
+      converted.emplace_back(i, std::vector<char>(static_cast<size_t>(it.shard.numel()) * es));
+      dst = converted.back().second.data();
+    }
+    const planner::Frame src{Box{Shape(t->shape.size(), 0), t->shape}, 0};
+    const planner::Frame frame = planner::frame_of(it.shard);
+    for (const Box& part : wanted_regions(*t, it, it.data))
+      planner::for_each_run(part, src, frame, [&](int64_t si, int64_t di, int64_t count) {
+        pieces.push_back({static_cast<uint64_t>(t->file_offset) + static_cast<uint64_t>(si) * es,
+                          static_cast<uint64_t>(count) * es, dst + static_cast<uint64_t>(di) * es});
+      });
+  }
+  auto r = aggregated_read(topo.world.get(), data_file, std::move(pieces), options.read_window_bytes, pool);
+  if (!r.ok()) return r.status();
+  report.bytes_read += r->bytes_read;
+  report.bytes_sent += r->bytes_sent;
+  report.bytes_received += r->bytes_received;
+  for (auto& [i, bytes] : converted) {
+    StateItem& it = state.items()[i];
+    if (!detail::convert_elements(bytes.data(), info.find(it.key)->dtype, it.data, it.dtype, it.shard.numel()))
+      return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': cannot convert its stored dtype");
   }
   return Status::Ok();
 }
@@ -206,6 +254,17 @@ Result<std::vector<ItemRole>> plan_roles(const Topology::Impl& topo, const State
   return roles;
 }
 
+// Times the end of a load (after its final agreement) and logs it.
+LoadReport finish_report(LoadReport& report, double t0, double t_read) {
+  const double t_end = now_s();
+  report.exchange_s = t_end - t_read;
+  report.total_s = t_end - t0;
+  metrics::log().info("loaded '{}': read {} bytes, sent {}, received {}: plan {:.3f}s{} read {:.3f}s exchange {:.3f}s",
+                      report.path, report.bytes_read, report.bytes_sent, report.bytes_received, report.plan_s,
+                      report.plan_cached ? " (cached)" : "", report.read_s, report.exchange_s);
+  return std::move(report);
+}
+
 }  // namespace
 
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
@@ -256,6 +315,7 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   sig_bytes += options.strict ? 'S' : 's';
   sig_bytes += options.convert_dtype ? 'C' : 'c';
   sig_bytes += options.zero_redundancy ? 'Z' : 'z';
+  sig_bytes += options.aggregate_reads ? 'A' : 'a';
   const uint64_t sig = XXH3_64bits(sig_bytes.data(), sig_bytes.size());
   int same = local.ok() && cache.info && cache.meta_hash == meta_hash && cache.local_signature == sig &&
                      cache.data_size == reader->file_size()
@@ -279,9 +339,18 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
       if (!local.ok()) local = local.with_context("key '" + state.items()[i].key + "'");
       skip[i] = sk;
     }
-    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
-    H5CKPT_ASSIGN_OR_RETURN(cache.roles, plan_roles(topo, state, on_device, skip, options.zero_redundancy));
-    H5CKPT_RETURN_IF_ERROR(plan_device(topo, on_device, cache, link));
+    // Aggregated reads serve host buffers only: any device buffer anywhere keeps per-item reads.
+    int host_only = std::none_of(on_device.begin(), on_device.end(), [](char d) { return d != 0; });
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world, &host_only).with_context(where));
+    cache.aggregated = options.aggregate_reads && host_only && topo.world.size() > 1;
+    if (cache.aggregated) {  // every rank reads what it wants; the aggregation reads each byte once
+      cache.roles.assign(state.items().size(), ItemRole{});
+      for (size_t i = 0; i < skip.size(); ++i)
+        if (!skip[i]) cache.roles[i].role = Role::kRead;
+    } else {
+      H5CKPT_ASSIGN_OR_RETURN(cache.roles, plan_roles(topo, state, on_device, skip, options.zero_redundancy));
+      H5CKPT_RETURN_IF_ERROR(plan_device(topo, on_device, cache, link));
+    }
     cache.meta_hash = meta_hash;
     cache.local_signature = sig;
     cache.data_size = reader->file_size();
@@ -299,6 +368,16 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   }
   const double t_plan = now_s();
   report.plan_s = t_plan - t0;
+
+  const std::string data_file = (fs::path(report.path) / storage::kDataFileName).string();
+  if (cache.aggregated) {
+    report.transport = "mpi-aggregated";
+    local = read_items_aggregated(topo, info, state, roles, data_file, options, pool, report);
+    const double t_read = now_s();
+    report.read_s = t_read - t_plan;
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
+    return finish_report(report, t0, t_read);
+  }
 
   // Phase 3: post every receive, then read in group order, sending each item to its replicas
   // as soon as it is read (the transfers overlap the next reads).
@@ -379,7 +458,6 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   std::condition_variable cv;
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> extra_bytes{0};
-  const std::string data_file = (fs::path(report.path) / storage::kDataFileName).string();
   auto worker = [&](storage::RegionReader* rdr) {
     std::optional<storage::RegionReader> own;
     Status open_st;
@@ -448,13 +526,7 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   }
   report.bytes_read = (reader ? reader->bytes_read() : 0) + extra_bytes.load();
   H5CKPT_RETURN_IF_ERROR(comm::agree(local, world).with_context(where));
-  const double t_end = now_s();
-  report.exchange_s = t_end - t_read;
-  report.total_s = t_end - t0;
-  metrics::log().info("loaded '{}': read {} bytes, sent {}, received {}: plan {:.3f}s{} read {:.3f}s exchange {:.3f}s",
-                      report.path, report.bytes_read, report.bytes_sent, report.bytes_received, report.plan_s,
-                      report.plan_cached ? " (cached)" : "", report.read_s, report.exchange_s);
-  return report;
+  return finish_report(report, t0, t_read);
 }
 
 }  // namespace h5ckpt::engine

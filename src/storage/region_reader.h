@@ -26,6 +26,9 @@ class RegionReader {
   /// it differs from the stored dtype; both must then be float types).
   Status read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
 
+  /// Reads file bytes [off, off + len) into buf; a short file is reported as truncated.
+  Status read_bytes(void* buf, uint64_t len, uint64_t off) { return pread_exact(buf, len, off); }
+
  private:
   RegionReader() = default;
   Status pread_exact(void* buf, uint64_t len, uint64_t off);

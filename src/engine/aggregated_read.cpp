@@ -1,0 +1,360 @@
+#include "engine/aggregated_read.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "comm/comm.h"
+#include "engine/staging_pool.h"
+#include "storage/region_reader.h"
+
+namespace h5ckpt::engine {
+
+namespace {
+
+constexpr int kTag = 29;                         // the only point-to-point traffic of such a load
+constexpr uint64_t kDomainAlign = 1u << 20;      // domains start on MiB boundaries (blocks, stripes)
+constexpr uint64_t kReadThroughGap = 1u << 20;   // a smaller hole costs less to read than a 2nd pread
+constexpr uint64_t kMinWindow = 4096;
+constexpr uint64_t kMaxWindow = 1ull << 30;      // keeps every piece length below INT_MAX
+constexpr int kSlots = 2;                        // one window is read while the previous one is sent
+constexpr int kPollMicros = 50;
+
+// Where domains and windows fall: the same arithmetic on every rank, so senders and receivers
+// cut pieces at the same offsets without telling each other.
+struct Geometry {
+  uint64_t lo = 0, domain = 1, window = 1;
+  int owner(uint64_t off) const { return static_cast<int>((off - lo) / domain); }
+  uint64_t domain_begin(int a) const { return lo + static_cast<uint64_t>(a) * domain; }
+  uint64_t window_index(uint64_t off) const { return (off - domain_begin(owner(off))) / window; }
+  uint64_t window_begin(int a, uint64_t k) const { return domain_begin(a) + k * window; }
+  uint64_t next_cut(uint64_t off) const {
+    const int a = owner(off);
+    return std::min(domain_begin(a) + domain, window_begin(a, window_index(off)) + window);
+  }
+};
+
+// A piece cut at domain and window boundaries: it comes from aggregator `agg`'s window `window`.
+struct Cut {
+  int agg;
+  uint64_t window;
+  uint64_t offset, length;
+  char* dst;
+};
+
+std::vector<Cut> cut_pieces(const Geometry& g, const std::vector<ReadPiece>& pieces) {
+  std::vector<Cut> cuts;
+  for (const ReadPiece& p : pieces) {
+    for (uint64_t off = p.offset, end = p.offset + p.length; off < end;) {
+      const uint64_t stop = std::min(end, g.next_cut(off));
+      cuts.push_back({g.owner(off), g.window_index(off), off, stop - off, p.dst + (off - p.offset)});
+      off = stop;
+    }
+  }
+  // Offset order puts each (aggregator, window) together, the order both sides build messages in.
+  std::stable_sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
+  return cuts;
+}
+
+// A message of `blocks` (displacement from `base`, length; with a null base the displacements
+// are addresses): plain bytes when it is one block (lets MPI copy it once between processes),
+// else an hindexed type built for this call.
+struct Message {
+  void* base = nullptr;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  bool owned = false;
+};
+
+Result<Message> make_message(char* base, const std::vector<std::pair<MPI_Aint, uint64_t>>& blocks) {
+  Message m;
+  if (blocks.size() == 1) {
+    m.base = base ? base + blocks[0].first : reinterpret_cast<char*>(blocks[0].first);
+    m.count = static_cast<int>(blocks[0].second);
+    return m;
+  }
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> displs;
+  for (const auto& [d, n] : blocks) {
+    displs.push_back(d);
+    lengths.push_back(static_cast<int>(n));
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
+      MPI_Type_create_hindexed(static_cast<int>(blocks.size()), lengths.data(), displs.data(), MPI_BYTE, &m.type),
+      "MPI_Type_create_hindexed"));
+  m.owned = true;
+  if (Status st = comm::mpi_status(MPI_Type_commit(&m.type), "MPI_Type_commit"); !st.ok()) {
+    MPI_Type_free(&m.type);
+    return st;
+  }
+  m.base = base ? base : MPI_BOTTOM;
+  m.count = 1;
+  return m;
+}
+
+// Posts one send or receive; the type is freed at once (MPI keeps it alive for the request).
+Status post(bool send, char* base, const std::vector<std::pair<MPI_Aint, uint64_t>>& blocks, int peer, MPI_Comm comm,
+            std::vector<MPI_Request>& reqs) {
+  H5CKPT_ASSIGN_OR_RETURN(Message m, make_message(base, blocks));
+  MPI_Request r = MPI_REQUEST_NULL;
+  const int rc = send ? MPI_Isend(m.base, m.count, m.type, peer, kTag, comm, &r)
+                      : MPI_Irecv(m.base, m.count, m.type, peer, kTag, comm, &r);
+  if (m.owned) MPI_Type_free(&m.type);
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv"));
+  reqs.push_back(r);
+  return Status::Ok();
+}
+
+// What an aggregator does with one window of its domain.
+struct WindowPlan {
+  uint64_t begin = 0;                                          // file offset of buffer byte 0
+  std::vector<std::pair<uint64_t, uint64_t>> spans;            // preads: file offset, length
+  std::map<int, std::vector<std::pair<MPI_Aint, uint64_t>>> sends;  // rank -> buffer blocks
+  std::vector<std::pair<uint64_t, std::pair<char*, uint64_t>>> local;  // buffer offset -> my dst
+};
+
+// Reads windows into the slots ahead of the sender, never more than kSlots windows ahead of the
+// windows whose sends completed.
+class WindowReader {
+ public:
+  WindowReader(storage::RegionReader& file, const std::vector<WindowPlan>& plans, char* slots, uint64_t slot_bytes)
+      : file_(file), plans_(plans), slots_(slots), slot_bytes_(slot_bytes), thread_([this] { run(); }) {}
+  ~WindowReader() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  char* slot(size_t j) const { return slots_ + (j % kSlots) * slot_bytes_; }
+  // Waits until window j is in its slot, letting MPI progress in between.
+  void wait_ready(size_t j, MPI_Comm comm) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::microseconds(kPollMicros), [&] { return ready_ > j; })) {
+      lock.unlock();
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm, &flag, MPI_STATUS_IGNORE);  // progress only
+      lock.lock();
+    }
+  }
+  // The sends of every window before `j` completed: their slots may be refilled.
+  void release_before(size_t j) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = j;
+    }
+    cv_.notify_all();
+  }
+  Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  void run() {
+    for (size_t j = 0; j < plans_.size(); ++j) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || j < released_ + kSlots; });
+        if (stop_) return;
+      }
+      Status st = status();
+      for (const auto& [off, len] : plans_[j].spans) {
+        if (!st.ok()) break;  // keep going: the sender still sends, so no receiver waits forever
+        st = file_.read_bytes(slot(j) + (off - plans_[j].begin), len, off);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (status_.ok()) status_ = st;
+        ready_ = j + 1;
+      }
+      cv_.notify_all();
+    }
+  }
+  storage::RegionReader& file_;
+  const std::vector<WindowPlan>& plans_;
+  char* slots_;
+  uint64_t slot_bytes_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t ready_ = 0, released_ = 0;
+  bool stop_ = false;
+  Status status_;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+// The aggregator's windows from every rank's pieces in its domain (pairs of offset, length per
+// rank), plus its own pieces' destinations.
+std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vector<std::vector<uint64_t>>& asked,
+                                     const std::vector<Cut>& mine) {
+  std::map<uint64_t, WindowPlan> by_window;
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> extents;
+  for (size_t r = 0; r < asked.size(); ++r)
+    for (size_t i = 0; i + 1 < asked[r].size(); i += 2) {
+      const uint64_t off = asked[r][i], len = asked[r][i + 1];
+      const uint64_t k = g.window_index(off);
+      WindowPlan& w = by_window[k];
+      w.begin = g.window_begin(me, k);
+      extents[k].push_back({off, off + len});
+      if (static_cast<int>(r) != me) w.sends[static_cast<int>(r)].push_back({static_cast<MPI_Aint>(off - w.begin), len});
+    }
+  for (const Cut& c : mine)
+    if (c.agg == me) by_window[c.window].local.push_back({c.offset - by_window[c.window].begin, {c.dst, c.length}});
+  std::vector<WindowPlan> plans;
+  for (auto& [k, w] : by_window) {
+    auto& ex = extents[k];
+    std::sort(ex.begin(), ex.end());
+    for (const auto& [b, e] : ex) {
+      if (!w.spans.empty() && b <= w.spans.back().first + w.spans.back().second + kReadThroughGap) {
+        auto& last = w.spans.back();
+        last.second = std::max(last.second, e - last.first);
+      } else {
+        w.spans.push_back({b, e - b});
+      }
+    }
+    plans.push_back(std::move(w));
+  }
+  return plans;
+}
+
+}  // namespace
+
+Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file,
+                                             std::vector<ReadPiece> pieces, uint64_t window_bytes,
+                                             StagingPool& pool) {
+  AggregatedReadReport report;
+  int me = 0, n = 1;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &n);
+  pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const ReadPiece& p) { return p.length == 0; }),
+               pieces.end());
+  std::sort(pieces.begin(), pieces.end(), [](const ReadPiece& a, const ReadPiece& b) { return a.offset < b.offset; });
+
+  // The span every rank wants, cut into n domains.
+  constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
+  uint64_t ext[2] = {pieces.empty() ? 0 : kNone - pieces.front().offset, 0};  // max of (kNone - lo) = min lo
+  for (const ReadPiece& p : pieces) ext[1] = std::max(ext[1], p.offset + p.length);
+  uint64_t all[2] = {0, 0};
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(ext, all, 2, MPI_UINT64_T, MPI_MAX, comm), "MPI_Allreduce"));
+  if (all[1] == 0) return report;  // nobody reads anything
+  Geometry g;
+  g.window = std::clamp<uint64_t>(window_bytes, kMinWindow, kMaxWindow);
+  const uint64_t align = std::min(kDomainAlign, g.window);
+  g.lo = (kNone - all[0]) / align * align;
+  const uint64_t share = (all[1] - g.lo + n - 1) / static_cast<uint64_t>(n);
+  g.domain = (share + align - 1) / align * align;
+  g.window = std::min(g.window, g.domain);
+
+  // Tell each aggregator what this rank wants from its domain.
+  const std::vector<Cut> cuts = cut_pieces(g, pieces);
+  std::vector<int> send_counts(n, 0), recv_counts(n, 0), sdispl(n, 0), rdispl(n, 0);
+  for (const Cut& c : cuts) send_counts[c.agg] += 2;
+  std::vector<uint64_t> sendbuf;
+  sendbuf.reserve(cuts.size() * 2);
+  for (const Cut& c : cuts) {
+    sendbuf.push_back(c.offset);
+    sendbuf.push_back(c.length);
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
+      MPI_Alltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm), "MPI_Alltoall"));
+  for (int r = 1; r < n; ++r) {
+    sdispl[r] = sdispl[r - 1] + send_counts[r - 1];
+    rdispl[r] = rdispl[r - 1] + recv_counts[r - 1];
+  }
+  std::vector<uint64_t> recvbuf(static_cast<size_t>(rdispl[n - 1]) + recv_counts[n - 1]);
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Alltoallv(sendbuf.data(), send_counts.data(), sdispl.data(),
+                                                        MPI_UINT64_T, recvbuf.data(), recv_counts.data(),
+                                                        rdispl.data(), MPI_UINT64_T, comm),
+                                          "MPI_Alltoallv"));
+  std::vector<std::vector<uint64_t>> asked(n);
+  for (int r = 0; r < n; ++r) asked[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
+  const std::vector<WindowPlan> plans = plan_windows(g, me, asked, cuts);
+
+  // Every receive goes up first, straight into the destinations, in (aggregator, window) order:
+  // each aggregator sends its windows in that order, and MPI keeps messages between two ranks
+  // in order.
+  Status local;
+  std::vector<MPI_Request> recvs;
+  for (size_t i = 0; i < cuts.size();) {
+    size_t j = i;
+    std::vector<std::pair<MPI_Aint, uint64_t>> blocks;
+    for (; j < cuts.size() && cuts[j].agg == cuts[i].agg && cuts[j].window == cuts[i].window; ++j) {
+      MPI_Aint addr = 0;
+      MPI_Get_address(cuts[j].dst, &addr);
+      blocks.push_back({addr, cuts[j].length});
+    }
+    if (cuts[i].agg != me) {
+      Status st = post(false, nullptr, blocks, cuts[i].agg, comm, recvs);
+      if (local.ok() && !st.ok()) local = st;
+      for (const auto& b : blocks) report.bytes_received += b.second;
+    }
+    i = j;
+  }
+
+  // Read the windows on a helper thread while this one sends them out.
+  std::optional<storage::RegionReader> file;
+  if (!plans.empty()) {
+    auto f = storage::RegionReader::open(data_file);
+    if (f.ok()) file.emplace(std::move(f).value());
+    else local = f.status();
+  }
+  if (!plans.empty() && file) {
+    pool.reserve(kSlots * g.window);
+    if (pool.capacity() < kSlots * g.window)
+      local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(kSlots * g.window) +
+                                         " bytes of read windows");
+  }
+  std::vector<MPI_Request> sends[kSlots];
+  if (file && local.ok()) {
+    WindowReader reader(*file, plans, pool.base(), g.window);
+    for (size_t j = 0; j < plans.size(); ++j) {
+      reader.wait_ready(j, comm);
+      char* buf = reader.slot(j);
+      for (const auto& [at, to] : plans[j].local) std::memcpy(to.first, buf + at, to.second);
+      sends[j % kSlots].clear();
+      for (const auto& [rank, blocks] : plans[j].sends) {
+        Status st = post(true, buf, blocks, rank, comm, sends[j % kSlots]);
+        if (local.ok() && !st.ok()) local = st;
+        for (const auto& b : blocks) report.bytes_sent += b.second;
+      }
+      if (j + 1 >= kSlots) {  // the oldest slot's sends must finish before it is read into again
+        auto& done = sends[(j + 1) % kSlots];
+        Status st = comm::wait_asleep(static_cast<int>(done.size()), done.data(), kPollMicros, "read window sends");
+        if (local.ok() && !st.ok()) local = st;
+        reader.release_before(j + 2 - kSlots);
+      }
+    }
+    if (local.ok()) local = reader.status();
+    report.windows = plans.size();
+  } else {
+    // No file or no memory: send zeros so the receivers complete; the caller's agreement fails.
+    std::vector<char> zeros;
+    for (const WindowPlan& w : plans)
+      for (const auto& [rank, blocks] : w.sends) {
+        uint64_t bytes = 0;
+        for (const auto& b : blocks) bytes = std::max<uint64_t>(bytes, b.first + b.second);
+        if (zeros.size() < bytes) zeros.assign(bytes, 0);
+        (void)post(true, zeros.data(), blocks, rank, comm, sends[0]);
+        (void)comm::wait_asleep(static_cast<int>(sends[0].size()), sends[0].data(), kPollMicros, "sends");
+        sends[0].clear();
+      }
+  }
+  for (auto& s : sends) {
+    Status st = comm::wait_asleep(static_cast<int>(s.size()), s.data(), kPollMicros, "read window sends");
+    if (local.ok() && !st.ok()) local = st;
+  }
+  Status st = comm::wait_asleep(static_cast<int>(recvs.size()), recvs.data(), kPollMicros, "read window receives");
+  if (local.ok() && !st.ok()) local = st;
+  if (file) report.bytes_read = file->bytes_read();
+  if (!local.ok()) return local;
+  return report;
+}
+
+}  // namespace h5ckpt::engine
