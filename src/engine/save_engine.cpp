@@ -485,9 +485,9 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
   H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, plan, path, *temp, options, copts, attributes, *source, report));
   report.total_s = now_s() - t0;
   record_metrics(topo, copts, report);
-  metrics::log().info("saved '{}': {} bytes written here, plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
-                      report.path, report.bytes_written, report.plan_s, report.plan_cached ? " (cached)" : "",
-                      report.write_s, report.commit_s);
+  metrics::log().info("saved '{}': {} bytes written here ({} with O_DIRECT), plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
+                      report.path, report.bytes_written, report.bytes_direct, report.plan_s,
+                      report.plan_cached ? " (cached)" : "", report.write_s, report.commit_s);
   return report;
 }
 
