@@ -12,8 +12,8 @@
 #include <filesystem>
 
 #include "comm/transport.h"
-#include "engine/aggregated_read.h"
 #include "device/staging.h"
+#include "engine/aggregated_read.h"
 #include "engine/engine.h"
 #include "engine/plan_codec.h"
 #include "metrics/log.h"
@@ -101,6 +101,7 @@ Status read_items_aggregated(const Topology::Impl& topo, const CheckpointInfo& i
     const uint64_t es = dtype_size(t->dtype);
     char* dst = static_cast<char*>(it.data);
     if (t->dtype != it.dtype) {
+      // (the inner buffer keeps its address when `converted` grows: vectors move their storage)
       converted.emplace_back(i, std::vector<char>(static_cast<size_t>(it.shard.numel()) * es));
       dst = converted.back().second.data();
     }
