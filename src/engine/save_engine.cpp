@@ -328,6 +328,7 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
       if (Status a = comm::agree(closed, world); !a.ok()) return fail(a, temp);
     }
   }
+  const double t_created = now_s();
   Status local;
   if (copts.direct_writes) {
     auto d = storage::DirectWriter::open(data_file, copts.direct_io);
@@ -372,8 +373,8 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   const double t_synced = now_s();
   if (Status a = comm::agree(local, world); !a.ok()) return fail(a, temp);
   const double t_write = now_s();
-  metrics::log().debug("write phase: create+pieces {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s",
-                       t_pieces - t0, t_synced - t_pieces, t_write - t_synced);
+  metrics::log().debug("write phase: create {:.3f}s, pieces {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s",
+                       t_created - t0, t_pieces - t_created, t_synced - t_pieces, t_write - t_synced);
   report.write_s = t_write - t0;
   for (const auto& t : tensors) report.bytes_total += tensor_nbytes(t);
 
