@@ -107,7 +107,7 @@ struct LoadReport {
   double exchange_s = 0;  ///< waiting for transfers after the reads
   double total_s = 0;
   bool plan_cached = false;
-  std::string transport;  ///< "mpi" (or a device transport)
+  std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"
 };
 
 /// One saved region of a tensor as the metadata records it.

@@ -257,14 +257,12 @@ void drain(PieceSource& source) {
   while (auto p = source.next()) source.done(*p);
 }
 
-}  // namespace
-
-namespace {
 std::string normalized_path(const std::string& path) {
   std::string p = fs::path(path).lexically_normal().string();
   if (p.size() > 1 && p.back() == '/') p.pop_back();
   return p;
 }
+
 }  // namespace
 
 Result<std::string> make_temp_dir(const Topology::Impl& comms, const std::string& path, const SaveOptions& options,
