@@ -22,6 +22,23 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# --- simulated cluster (scripts/cluster.sh, tests/cluster.cmake) ---------------------------------
+# Needs these commands (in Debian's base system, but minimal images may lack some): unshare and
+# flock (util-linux), mount, hostname, getent (libc-bin). Open MPI and Slurm come from above.
+cluster_missing=()
+for c in unshare:util-linux flock:util-linux mount:mount hostname:hostname getent:libc-bin; do
+  command -v "${c%%:*}" >/dev/null || cluster_missing+=("${c#*:}")
+done
+if ((${#cluster_missing[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing ${cluster_missing[*]} for scripts/cluster.sh"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cluster_missing[@]}" >/dev/null
+  else
+    echo "setup: scripts/cluster.sh needs ${cluster_missing[*]} (and root to run); skipping" >&2
+  fi
+fi
+
 BUILD_DIR=${H5CKPT_BUILD_DIR:-build}
 JOBS=${H5CKPT_JOBS:-$(nproc)}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE:-RelWithDebInfo} >/dev/null

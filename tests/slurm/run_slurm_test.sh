@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Starts a real single-node Slurm (slurmctld + slurmd on localhost, auth/none, MpiDefault=pmix,
-# 8 CPUs declared, OverSubscribe) in a temporary directory and runs the slurm/*.sbatch scripts
-# through sbatch with small sizes:
+# Starts a real Slurm in a temporary directory (slurmctld + slurmd on localhost, auth/none,
+# MpiDefault=pmix, OverSubscribe): node <hostname> with 8 CPUs for the single-node jobs, and in a
+# partition "two" the nodes n1 and n2: two more slurmd on this host (`slurmd -N`, each on its own
+# port, each in its own UTS namespace named n1 / n2 where unshare works), for a real two-node job:
+#   0. two nodes  `srun -p two -N 2 -n 4`: SLURM_NODEID 0 and 1 with two tasks each, on n1 and n2,
+#                 SLURM_JOB_NUM_NODES=2 everywhere; with the cluster probe (H5CKPT_CLUSTER_PROBE,
+#                 set by CTest): MPI over PMIx across the two slurmd, one MPI_COMM_TYPE_SHARED
+#                 communicator per node, messages between them
+# then runs the slurm/*.sbatch scripts on the single node through sbatch with small sizes:
 #   1. train.sbatch   4 ranks tp2.pp1.dp2 + ZeRO to step 6 (saves at 3 and 6), sbatch --wait
 #   2. resume.sbatch  2 ranks tp1.pp2.dp1, no ZeRO, async off through a config file, to an
 #                     unreachable step; stopped by `scancel --signal=USR1 --batch` through the
@@ -10,14 +16,18 @@
 #                     and of a copy with one flipped byte, which must fail
 #   4. bench.sbatch   when h5ckpt-bench is built: a tiny run that must print its summary
 # Usage: run_slurm_test.sh SOURCE_DIR H5CKPT_TRAIN H5CKPT_CLI [H5CKPT_BENCH]
+#        H5CKPT_SLURM_TWO_NODES_ONLY=1 run_slurm_test.sh SOURCE_DIR   (only step 0)
 # Exit 77 (skipped) when Slurm is not installed and cannot be, or the daemons cannot start.
 set -uo pipefail
-SRC=$1 TRAIN=$2 CLI=$3 BENCH=${4:-}
+SRC=$1 TRAIN=${2:-} CLI=${3:-} BENCH=${4:-}
 SKIP=77
 
 say() { echo "slurm test: $*"; }
 skip() { say "SKIPPED: $*"; exit $SKIP; }
 fail() { say "FAILED: $*"; exit 1; }
+if [[ ${H5CKPT_SLURM_TWO_NODES_ONLY:-0} != 1 && ( -z $TRAIN || -z $CLI ) ]]; then
+  fail "usage: run_slurm_test.sh SOURCE_DIR H5CKPT_TRAIN H5CKPT_CLI [H5CKPT_BENCH]"
+fi
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
@@ -32,12 +42,11 @@ fi
 [[ $(id -u) == 0 ]] || skip "a private slurmd needs root"
 
 WORK=$(mktemp -d /tmp/h5ckpt-slurm.XXXXXX)
-CTLD_PID="" SLURMD_PID=""
+CTLD_PID="" SLURMD_PIDS=()
 cleanup() {
   # Our daemons only, by pid; then their state.
-  [[ -n $SLURMD_PID ]] && kill "$SLURMD_PID" 2>/dev/null
-  [[ -n $CTLD_PID ]] && kill "$CTLD_PID" 2>/dev/null
-  for p in $SLURMD_PID $CTLD_PID; do
+  for p in "${SLURMD_PIDS[@]}" $CTLD_PID; do kill "$p" 2>/dev/null; done
+  for p in "${SLURMD_PIDS[@]}" $CTLD_PID; do
     for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null
   done
@@ -46,9 +55,9 @@ cleanup() {
 trap cleanup EXIT
 
 HOST=$(hostname -s)
-read -r CTLD_PORT SLURMD_PORT < <(python3 -c '
+read -r CTLD_PORT SLURMD_PORT N1_PORT N2_PORT < <(python3 -c '
 import socket
-ss = [socket.socket() for _ in range(2)]
+ss = [socket.socket() for _ in range(4)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
 mkdir -p "$WORK"/{state,spool,jobs}
@@ -63,11 +72,14 @@ CredType=cred/none
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$WORK/state
-SlurmdSpoolDir=$WORK/spool
+SlurmdSpoolDir=$WORK/spool/%n
 SlurmctldPidFile=$WORK/slurmctld.pid
-SlurmdPidFile=$WORK/slurmd.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
 SlurmctldLogFile=$WORK/slurmctld.log
-SlurmdLogFile=$WORK/slurmd.log
+SlurmdLogFile=$WORK/slurmd-%n.log
+# Per node: the PMIx plugin makes its client directory (spmix_appdir_<uid>_<job>.<step>) under
+# TmpFS, which would collide between the slurmd of n1 and n2 (File exists) in a shared /tmp.
+TmpFS=$WORK/tmp/%n
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -80,22 +92,71 @@ AccountingStorageType=accounting_storage/none
 MinJobAge=600
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=8 RealMemory=1000 State=UNKNOWN
 PartitionName=test Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+# Two more nodes on this host (Debian's slurmd is built with multiple-slurmd: -N picks the node).
+NodeName=n1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$N1_PORT CPUs=4 RealMemory=1000 State=UNKNOWN
+NodeName=n2 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$N2_PORT CPUs=4 RealMemory=1000 State=UNKNOWN
+PartitionName=two Nodes=n1,n2 Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+for n in "$HOST" n1 n2; do mkdir -p "$WORK/spool/$n" "$WORK/tmp/$n"; done
 
 slurmctld -D -i -f "$SLURM_CONF" >"$WORK/slurmctld.out" 2>&1 &
 CTLD_PID=$!
-slurmd -D -f "$SLURM_CONF" -N "$HOST" >"$WORK/slurmd.out" 2>&1 &
-SLURMD_PID=$!
+slurmd -D -f "$SLURM_CONF" -N "$HOST" >"$WORK/slurmd-$HOST.out" 2>&1 &
+SLURMD_PIDS+=($!)
+# n1 and n2 each in a UTS namespace named after the node, so that their tasks' host names (and MPI
+# processor names) differ as on two machines. Where namespaces are unavailable they keep this
+# host's name and only the Slurm side of the two-node check runs.
+UTS=0
+unshare --uts true 2>/dev/null && UTS=1
+for n in n1 n2; do
+  if ((UTS)); then
+    unshare --uts sh -c 'hostname "$1" && shift && exec "$@"' node "$n" \
+      slurmd -D -f "$SLURM_CONF" -N "$n" >"$WORK/slurmd-$n.out" 2>&1 &
+  else
+    slurmd -D -f "$SLURM_CONF" -N "$n" >"$WORK/slurmd-$n.out" 2>&1 &
+  fi
+  SLURMD_PIDS+=($!)
+done
 up=0
 for _ in $(seq 150); do
-  if sinfo -h -o '%T' 2>/dev/null | grep -qx idle; then up=1; break; fi
+  if (($(sinfo -h -N -o '%T' 2>/dev/null | grep -cx idle) == 3)); then up=1; break; fi
   sleep 0.2
 done
 if ((!up)); then
-  tail -n 20 "$WORK"/slurmctld.log "$WORK"/slurmd.log "$WORK"/*.out 2>/dev/null
-  skip "slurmctld/slurmd did not come up (node not idle within 30 s)"
+  sinfo -N 2>&1
+  tail -n 20 "$WORK"/slurmctld.log "$WORK"/slurmd-*.log "$WORK"/*.out 2>/dev/null
+  skip "slurmctld/slurmd did not come up (3 nodes not idle within 30 s)"
 fi
-say "slurm up on $HOST (ports $CTLD_PORT/$SLURMD_PORT) in $WORK"
+say "slurm up: $HOST, n1, n2 (ports $CTLD_PORT, $SLURMD_PORT/$N1_PORT/$N2_PORT) in $WORK"
+
+# 0. a real two-node job: two slurmd, SLURM_NODEID 0 and 1 with two tasks each.
+out=$(timeout 120 srun -p two -N 2 -n 4 --ntasks-per-node=2 --time=2 \
+  bash -c 'echo "task $SLURM_PROCID node $SLURM_NODEID $SLURMD_NODENAME nodes $SLURM_JOB_NUM_NODES host $(hostname)"' 2>&1)
+rc=$?
+echo "$out"
+((rc == 0)) || fail "srun -p two -N 2 -n 4 exited $rc"
+for id in 0 1; do
+  n=n$((id + 1))
+  (($(grep -c "node $id $n nodes 2 " <<<"$out") == 2)) || fail "two-node job: not 2 tasks with SLURM_NODEID=$id on $n"
+  if ((UTS)); then
+    (($(grep -c "node $id $n nodes 2 host $n\$" <<<"$out") == 2)) || fail "two-node job: the tasks on $n do not see host name $n"
+  fi
+done
+(($(grep -c " nodes 2 " <<<"$out") == 4)) || fail "two-node job: SLURM_JOB_NUM_NODES is not 2 in every task"
+PROBE=${H5CKPT_CLUSTER_PROBE:-}
+if [[ -n $PROBE && -x $PROBE ]] && ((UTS)); then
+  # ob1 + TCP between the nodes (UCX or libfabric would see one machine); loopback, which the TCP
+  # BTL skips by default, is the one interface every machine has.
+  OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,vader,self OMPI_MCA_btl_tcp_if_include=lo \
+    timeout 120 srun -p two -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 --time=2 \
+    "$PROBE" --nodes 2 --ranks-per-node 2 || fail "the cluster probe on 2 Slurm nodes exited $?"
+else
+  say "cluster probe not run on the two nodes (probe: ${PROBE:-H5CKPT_CLUSTER_PROBE unset}; UTS namespaces: $UTS)"
+fi
+if [[ ${H5CKPT_SLURM_TWO_NODES_ONLY:-0} == 1 ]]; then
+  say "PASS (two-node check only: H5CKPT_SLURM_TWO_NODES_ONLY=1)"
+  exit 0
+fi
 
 # task/none cannot bind CPUs: no --cpu-bind, rather than an srun warning on every job.
 export H5CKPT_SLURM_DIR=$SRC/slurm H5CKPT_TRAIN=$TRAIN H5CKPT=$CLI CPU_BIND=

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# A simulated cluster on one machine: runs PROGRAM under Open MPI's mpirun as N nodes x R ranks.
+#
+#   scripts/cluster.sh --nodes N --ranks-per-node R [--node-local PATH --node-disks ROOT]
+#                      [--keep-env] [--env NAME[=VALUE]]... [--timeout SECONDS]
+#                      [--mca KEY VALUE]... [--mpirun-arg ARG]... [--verbose] -- PROGRAM ARGS...
+#
+# Node i (1..N) is called node-i, on its own loopback address 127.0.1.i (added to /etc/hosts).
+# mpirun "logs in" to it with scripts/cluster_node_launcher.sh instead of ssh, which starts the
+# node's daemon here in its own UTS + mount namespace: MPI_Get_processor_name says node-i,
+# MPI_COMM_TYPE_SHARED splits per node, traffic between nodes goes over TCP (loopback), and with
+# --node-local PATH the ranks of node i see ROOT/node-i at PATH, and no other node's disk. The disks
+# persist across jobs; delete ROOT/node-i to simulate losing node i's local disk.
+#
+# Environment: like ssh, a node starts with a login-like environment (PATH, LD_LIBRARY_PATH, HOME,
+# ...); the ranks get H5CKPT_* and OMPI_MCA_* from the caller's environment and the --env ones
+# (NAME=VALUE sets it, NAME forwards the caller's value). --keep-env gives the nodes the caller's
+# whole environment instead. Standard input goes to rank 0 as with plain mpirun.
+#
+# Exit status: mpirun's (the program's, or non-zero on a launch failure or --timeout);
+# 2 for a usage error; 125 when the cluster cannot be set up here (not root, no unshare, no
+# namespaces, /etc/hosts not writable), before anything is launched.
+# Needs root: host names in /etc/hosts, namespaces and mounts. See docs/testing.md.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LAUNCHER=$SCRIPT_DIR/cluster_node_launcher.sh
+HOSTS_FILE=/etc/hosts
+SETUP_FAILED=125
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
+die() { echo "cluster.sh: $1" >&2; exit "${2:-2}"; }
+unavailable() { die "$1" "$SETUP_FAILED"; }
+
+NODES="" RPN="" LOCAL="" DISKS="" KEEP_ENV=0 TIMEOUT=0 VERBOSE=0
+ENV_NAMES=() EXTRA=()
+while (($#)); do
+  case $1 in
+    --nodes) NODES=${2:?--nodes needs a value}; shift 2 ;;
+    --ranks-per-node) RPN=${2:?--ranks-per-node needs a value}; shift 2 ;;
+    --node-local) LOCAL=${2:?--node-local needs a path}; shift 2 ;;
+    --node-disks) DISKS=${2:?--node-disks needs a path}; shift 2 ;;
+    --keep-env) KEEP_ENV=1; shift ;;
+    --env)
+      e=${2:?--env needs NAME or NAME=VALUE}
+      name=${e%%=*}
+      [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "--env: bad variable name '$name'"
+      [[ $e == *=* ]] && export "$name=${e#*=}"
+      ENV_NAMES+=("$name"); shift 2 ;;
+    --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift 2 ;;
+    --mca) EXTRA+=(--mca "${2:?--mca needs KEY VALUE}" "${3:?--mca needs KEY VALUE}"); shift 3 ;;
+    --mpirun-arg) EXTRA+=("${2:?--mpirun-arg needs a value}"); shift 2 ;;
+    --verbose) VERBOSE=1; shift ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    *) die "unknown option '$1' (the program goes after --; --help for usage)" ;;
+  esac
+done
+(($#)) || die "no program given (usage: cluster.sh --nodes N --ranks-per-node R [...] -- PROGRAM ARGS...)"
+[[ $NODES =~ ^[1-9][0-9]*$ ]] && ((NODES <= 254)) || die "--nodes must be 1..254 (got '${NODES}')"
+[[ $RPN =~ ^[1-9][0-9]*$ ]] || die "--ranks-per-node must be a positive integer (got '${RPN}')"
+[[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds (got '$TIMEOUT')"
+if [[ -n $LOCAL || -n $DISKS ]]; then
+  [[ -n $LOCAL && -n $DISKS ]] || die "--node-local and --node-disks go together"
+  # Absolute, so that every node's namespace resolves them the same way.
+  LOCAL=$(realpath -m -- "$LOCAL")
+  DISKS=$(realpath -m -- "$DISKS")
+  [[ $LOCAL != / ]] || die "--node-local cannot be /"
+  [[ $LOCAL != "$DISKS" && $LOCAL != "$DISKS"/* ]] || die "--node-local must not be inside --node-disks"
+fi
+
+# --- can this machine host the cluster? --------------------------------------------------------
+(($(id -u) == 0)) || unavailable "needs root (host names in /etc/hosts, namespaces and bind mounts); run as root"
+command -v unshare >/dev/null || unavailable "unshare not found (Debian: apt-get install util-linux)"
+command -v mpirun >/dev/null || unavailable "mpirun not found (Debian: apt-get install openmpi-bin)"
+[[ -x $LAUNCHER ]] || unavailable "$LAUNCHER is missing or not executable"
+if ! err=$(unshare --uts --mount --propagation private true 2>&1); then
+  unavailable "cannot create UTS + mount namespaces here (unshare: $err); a container needs CAP_SYS_ADMIN"
+fi
+if ! mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+  unavailable "mpirun is not Open MPI's ($(mpirun --version 2>&1 | head -n1)); the launcher relies on plm_rsh_agent"
+fi
+
+# --- host names: node-i on 127.0.1.i ---------------------------------------------------------
+# Open MPI refuses a hostfile entry that resolves to 127.0.0.1 (it is "this host"); any other
+# loopback address works and reaches this machine. Added once, under a lock, since parallel tests
+# may race here; an existing different mapping is an error rather than silently replaced.
+add_host_names() {
+  local i addr name missing=()
+  for ((i = 1; i <= NODES; i++)); do
+    addr=127.0.1.$i name=node-$i
+    if grep -Eq "^[[:space:]]*${addr//./\\.}([[:space:]].*)?[[:space:]]${name}([[:space:]]|\$)" "$HOSTS_FILE"; then
+      continue
+    fi
+    if grep -Eq "^[^#]*[[:space:]]${name}([[:space:]]|\$)" "$HOSTS_FILE"; then
+      die "$HOSTS_FILE maps $name to another address: $(grep -E "[[:space:]]${name}([[:space:]]|\$)" "$HOSTS_FILE" | head -n1); expected $addr" "$SETUP_FAILED"
+    fi
+    missing+=("$addr $name")
+  done
+  ((${#missing[@]})) || return 0
+  # Appended in place (not replaced by rename): /etc/hosts may be a bind mount in a container.
+  { [[ -z $(tail -c1 "$HOSTS_FILE") ]] || echo; printf '%s\n' "${missing[@]}"; } >>"$HOSTS_FILE" ||
+    die "cannot add the node names to $HOSTS_FILE (read-only?)" "$SETUP_FAILED"
+}
+LOCK_DIR=/run/lock
+[[ -d $LOCK_DIR && -w $LOCK_DIR ]] || LOCK_DIR=/tmp
+(
+  # flock on a separate file: editors replace /etc/hosts by rename, which would drop a lock on it.
+  exec 9>"$LOCK_DIR/h5ckpt-cluster-hosts.lock"
+  flock -w 30 9 || die "timed out waiting for the lock on $HOSTS_FILE" "$SETUP_FAILED"
+  add_host_names
+)
+for ((i = 1; i <= NODES; i++)); do
+  got=$(getent hosts "node-$i" | awk '{print $1; exit}')
+  [[ $got == "127.0.1.$i" ]] || unavailable "node-$i resolves to '${got}', not 127.0.1.$i (check /etc/hosts and nsswitch.conf)"
+done
+
+# --- the job ------------------------------------------------------------------------------------
+HOSTFILE=$(mktemp "${TMPDIR:-/tmp}/h5ckpt-cluster-hosts.XXXXXX")
+MPIRUN_PID=""
+cleanup() { rm -f "$HOSTFILE"; }
+trap cleanup EXIT
+# A test harness's timeout (SIGTERM) must end mpirun, which ends its daemons and their namespaces.
+on_signal() {
+  if [[ -n $MPIRUN_PID ]]; then
+    kill -TERM "$MPIRUN_PID" 2>/dev/null || true
+    wait "$MPIRUN_PID" 2>/dev/null || true
+  fi
+  exit 143
+}
+trap on_signal TERM INT HUP
+for ((i = 1; i <= NODES; i++)); do echo "node-$i slots=$RPN"; done >"$HOSTFILE"
+
+# What the launcher needs to know, through mpirun's environment (the agent inherits it).
+export H5CKPT_CLUSTER_NODE_LOCAL=$LOCAL H5CKPT_CLUSTER_NODE_DISKS=$DISKS H5CKPT_CLUSTER_KEEP_ENV=$KEEP_ENV
+if [[ -n $DISKS ]]; then mkdir -p "$DISKS"; fi
+
+# shellcheck disable=SC2054  # commas inside MCA values, not array separators
+ARGS=(--hostfile "$HOSTFILE" -np $((NODES * RPN)) --map-by slot
+      --allow-run-as-root --oversubscribe --bind-to none
+      # Start every node's daemon from mpirun through our launcher; without no_tree_spawn the
+      # daemons of the first nodes would launch the later ones from inside their own namespaces.
+      --mca plm_rsh_agent "$LAUNCHER" --mca plm_rsh_no_tree_spawn 1
+      # Between nodes only TCP: ob1 with tcp (vader within a node, self). UCX or libfabric would
+      # see one machine and could use shared memory across the simulated nodes.
+      --mca pml ob1 --mca btl tcp,vader,self
+      # The TCP BTL skips 127.0.0.0/8 by default and uses the machine's other interfaces; where there
+      # is none (a container without a network), ranks on different nodes "are unable to reach each
+      # other". Loopback always works and keeps the job off the real network.
+      --mca btl_tcp_if_include lo
+      # Same for mpirun <-> daemons (not needed where there is a real interface, harmless).
+      --mca oob_tcp_if_include lo)
+((TIMEOUT > 0)) && ARGS+=(--timeout "$TIMEOUT")
+# The ranks' environment: H5CKPT_* and OMPI_MCA_* from the caller (not the launcher's own
+# settings), plus --env ones.
+while IFS= read -r name; do
+  [[ $name == H5CKPT_CLUSTER_* ]] && continue
+  ARGS+=(-x "$name")
+done < <(compgen -e | grep -E '^(H5CKPT_|OMPI_MCA_)' || true)
+for name in "${ENV_NAMES[@]}"; do ARGS+=(-x "$name"); done
+ARGS+=("${EXTRA[@]}")
+
+((VERBOSE)) && echo "cluster.sh: $NODES nodes x $RPN ranks${LOCAL:+, node-local $LOCAL on $DISKS/node-i}:" \
+  "mpirun ${ARGS[*]} $*" >&2
+((VERBOSE)) && export H5CKPT_CLUSTER_DEBUG=1
+
+# In the background so that the signal trap can run while mpirun does; stdin passed explicitly
+# (a background job would otherwise get /dev/null).
+# mpirun races with the launcher's exec for setpgid and then warns "plm:rsh: Warning: setpgid(...)
+# failed in parent with errno=Permission denied" at random: harmless (the child sets its own
+# group), so that line alone is filtered out of stderr.
+RUN=(mpirun)
+# A second line of defence if mpirun itself hangs (e.g. a daemon never calls back).
+((TIMEOUT > 0)) && RUN=(timeout --kill-after=10 $((TIMEOUT + 30)) mpirun)
+rc=0
+"${RUN[@]}" "${ARGS[@]}" "$@" <&0 2> >(grep --line-buffered -v 'plm:rsh: Warning: setpgid(' >&2) &
+MPIRUN_PID=$!
+wait "$MPIRUN_PID" || rc=$?
+MPIRUN_PID=""
+exit "$rc"
