@@ -1,5 +1,5 @@
 add_library(h5ckpt_test_support STATIC support/test_model.cpp)
-target_link_libraries(h5ckpt_test_support PUBLIC h5ckpt MPI::MPI_CXX hdf5::hdf5)
+target_link_libraries(h5ckpt_test_support PUBLIC h5ckpt_internal MPI::MPI_CXX hdf5::hdf5)
 target_include_directories(h5ckpt_test_support PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 
 h5ckpt_mpi_test_binary(test_reshard test_reshard.cpp)

@@ -162,14 +162,25 @@ TEST_F(Async, FailureSurfacesOnWaitAndOnTheNextSave) {
   if (topo_->rank() == 0) std::ofstream(file) << "x";
   MPI_Barrier(MPI_COMM_WORLD);
 
-  auto h = ck.save_async(model.state(), file + "/bad1");  // cannot create: parent is a file
-  ASSERT_TRUE(h.ok()) << "the failure belongs to the background part";
+  // The first phase runs on the caller's thread, as in a synchronous save: a checkpoint that
+  // cannot be created is save_async's own answer, on every rank, and nothing starts.
+  auto early = ck.save_async(model.state(), file + "/bad0");  // cannot create: parent is a file
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), ErrorCode::kIo) << early.status().to_string();
+
+  // A failure of the background part (here: `latest` of another directory cannot be replaced,
+  // as it is a non-empty directory) surfaces on wait().
+  const std::string other = root_ + "/other";
+  if (topo_->rank() == 0) fs::create_directories(other + "/latest/blocker");
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto h = ck.save_async(model.state(), other + "/bad1");
+  ASSERT_TRUE(h.ok()) << "the failure belongs to the background part: " << h.status().to_string();
   auto r = h->wait();
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), ErrorCode::kIo) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("updating 'latest' failed"), std::string::npos) << r.status().to_string();
 
   // Not waited on: the next save reports it and starts nothing.
-  auto h2 = ck.save_async(model.state(), file + "/bad2");
+  auto h2 = ck.save_async(model.state(), other + "/bad2");
   ASSERT_TRUE(h2.ok());
   auto next = ck.save_async(model.state(), root_ + "/after");
   ASSERT_FALSE(next.ok());

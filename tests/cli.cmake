@@ -18,7 +18,7 @@ if(NOT _cli_python)
 endif()
 
 add_executable(cli_make_fixture ${CMAKE_CURRENT_SOURCE_DIR}/cli/make_fixture.cpp)
-target_link_libraries(cli_make_fixture PRIVATE h5ckpt)
+target_link_libraries(cli_make_fixture PRIVATE h5ckpt)  # public API only: the shared library
 
 set(_cli_root ${CMAKE_CURRENT_BINARY_DIR}/cli_fixture)
 string(REPLACE ";" " " _cli_mpiflags "${H5CKPT_MPIEXEC_PREFLAGS}")

@@ -1,2 +1,2 @@
-h5ckpt_unit_test_binary(test_dtype_convert test_dtype_convert.cpp)
+h5ckpt_unit_test_binary(test_dtype_convert LINK h5ckpt_util test_dtype_convert.cpp)
 h5ckpt_add_unit_test(test_dtype_convert)

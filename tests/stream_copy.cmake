@@ -1,2 +1,2 @@
-h5ckpt_unit_test_binary(test_stream_copy test_stream_copy.cpp)
+h5ckpt_unit_test_binary(test_stream_copy LINK h5ckpt_util test_stream_copy.cpp)
 h5ckpt_add_unit_test(test_stream_copy)

@@ -8,9 +8,12 @@
 #include <random>
 #include <tuple>
 
+#include "extras/extra_states.h"
+#include "extras/synthetic_loader.h"
 #include "h5ckpt/loader_state.h"
 
 using namespace h5ckpt;
+using namespace h5ckpt::extras;
 using namespace h5ckpt::loader;
 
 namespace {
@@ -356,7 +359,7 @@ TEST(Walk, FreshShardsPartitionEachSource) {
 }
 
 TEST(Walk, SourceMixFollowsRatios) {
-  LoaderConfig c = LoaderConfig::default_config(99, 1, 2048);
+  LoaderConfig c = default_loader_config(99, 1, 2048);
   ReplicatedState rep = initial_replicated(c, 1);
   ShardState sh = initial_shard(rep, 0);
   for (int i = 0; i < 400; ++i) next_window(rep, sh);

@@ -1,4 +1,4 @@
-// `h5ckpt report` rendering (src/tools/report_render.cpp) on tests/report/metrics.json: 4 ranks,
+// `h5ckpt report` parsing, statistics and rendering (src/tools/report_*.cpp) on tests/report/metrics.json: 4 ranks,
 // phases plan/snapshot/write/commit, rank 2 deliberately slow in `write` (3.75 s vs ~1 s).
 #include <gtest/gtest.h>
 
@@ -11,7 +11,10 @@
 #include <sstream>
 #include <string>
 
-#include "tools/report_render.h"
+#include "tools/report_html.h"
+#include "tools/report_model.h"
+#include "tools/report_stats.h"
+#include "tools/report_text.h"
 
 namespace h5ckpt::report {
 namespace {

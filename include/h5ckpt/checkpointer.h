@@ -7,11 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "h5ckpt/checkpoint_info.h"  // CheckpointInfo, read_checkpoint_info, verify_checkpoint
+#include "h5ckpt/export.h"
 #include "h5ckpt/state.h"
 #include "h5ckpt/status.h"
 #include "h5ckpt/topology.h"
 
 namespace h5ckpt {
+namespace detail {
+struct SaveHandleAccess;  // constructs handles inside the library (src/api/handle_access.h)
+}  // namespace detail
 
 struct SaveOptions {
   /// xxh3-64 of every written region, recorded in the metadata and checked by `verify`.
@@ -110,49 +115,8 @@ struct LoadReport {
   std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"
 };
 
-/// One saved region of a tensor as the metadata records it.
-struct SavedRegion {
-  ShardSpec shard;
-  int writer_rank = -1;
-  uint64_t checksum = 0;  ///< xxh3-64 of the region's elements in canonical order (0: none)
-};
-
-/// What the metadata says about one stored tensor.
-struct TensorInfo {
-  std::string key;
-  DType dtype = DType::kF32;
-  Shape shape;
-  uint64_t nbytes = 0;
-  int64_t file_offset = -1;  ///< byte offset of the contiguous dataset in the data file
-  std::vector<SavedRegion> regions;
-};
-
-/// A checkpoint's validated global metadata. Reading it needs no MPI.
-struct CheckpointInfo {
-  std::string path;  ///< checkpoint directory
-  std::string data_file;  ///< absolute path of the HDF5 file
-  int format_version = 0;
-  std::string library_version;
-  int64_t step = -1;
-  ParallelSizes saved_sizes;
-  std::vector<RankCoords> saved_coords;
-  std::vector<TensorInfo> tensors;  ///< sorted by key
-  std::map<std::string, std::string> attributes;  ///< caller's string attributes
-
-  const TensorInfo* find(const std::string& key) const;
-  uint64_t total_bytes() const;
-};
-
-/// Reads and validates a checkpoint's metadata (following `latest` when `path` is a directory
-/// of checkpoints). Refuses uncommitted and malformed checkpoints with a clear error.
-Result<CheckpointInfo> read_checkpoint_info(const std::string& path);
-
-/// Re-reads the saved regions with index % nparts == part and checks their checksums; the
-/// error names the tensor and region. Needs no MPI (callers split the work over ranks).
-Status verify_checkpoint(const CheckpointInfo& info, int part = 0, int nparts = 1);
-
 /// An asynchronous save in flight. Copyable; all copies refer to the same save.
-class SaveHandle {
+class H5CKPT_API SaveHandle {
  public:
   SaveHandle() = default;
   bool valid() const { return state_ != nullptr; }
@@ -162,9 +126,10 @@ class SaveHandle {
   Result<SaveReport> wait();
 
   struct State;
-  explicit SaveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
  private:
+  friend struct detail::SaveHandleAccess;
+  explicit SaveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };
 
@@ -173,7 +138,7 @@ class SaveHandle {
 /// At most one save is in flight per Checkpointer: a save, save_async or load first waits for
 /// the previous asynchronous save to commit. Destroying the Checkpointer waits too, so destroy it
 /// before MPI_Finalize.
-class Checkpointer {
+class H5CKPT_API Checkpointer {
  public:
   explicit Checkpointer(const Topology& topology, const CheckpointerOptions& options = {});
   ~Checkpointer();
@@ -218,6 +183,6 @@ class Checkpointer {
 };
 
 /// Library version string, e.g. "0.1.0".
-const char* version();
+H5CKPT_API const char* version();
 
 }  // namespace h5ckpt

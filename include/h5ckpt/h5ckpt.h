@@ -14,7 +14,7 @@
  * - Free checkpointers and topologies before MPI_Finalize; a topology must outlive every
  *   checkpointer created from it.
  *
- * Compiles as C99 and C++; includes only <mpi.h>, <stddef.h> and <stdint.h>.
+ * Compiles as C99 and C++; includes only <mpi.h>, <stddef.h>, <stdint.h> and h5ckpt/export.h.
  */
 #ifndef H5CKPT_H5CKPT_H
 #define H5CKPT_H5CKPT_H
@@ -22,6 +22,8 @@
 #include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "h5ckpt/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,22 +72,22 @@ typedef struct h5ckpt_info h5ckpt_info_t;                 /* a checkpoint's meta
 
 /* Text of the last failure of an h5ckpt_* call on this thread ("" if none). Valid until the
  * next failing call on this thread. */
-const char* h5ckpt_last_error(void);
+H5CKPT_API const char* h5ckpt_last_error(void);
 /* Short name of a return code, e.g. "corrupt checkpoint" for H5CKPT_CORRUPT. */
-const char* h5ckpt_error_name(int code);
+H5CKPT_API const char* h5ckpt_error_name(int code);
 /* Library version, e.g. "0.1.0". */
-const char* h5ckpt_version(void);
+H5CKPT_API const char* h5ckpt_version(void);
 /* Bytes per element of a dtype; 0 for an unknown value. */
-size_t h5ckpt_dtype_size(int dtype);
+H5CKPT_API size_t h5ckpt_dtype_size(int dtype);
 
 /* ---- topology ----------------------------------------------------------------------------- */
 
 /* Megatron rank order over `comm` (TP fastest, then DP, then PP); tp * dp * pp must equal the
  * size of `comm`. Collective over `comm` (which is duplicated, not kept). */
-int h5ckpt_topology_create(MPI_Comm comm, int tp, int dp, int pp, h5ckpt_topology_t** out);
+H5CKPT_API int h5ckpt_topology_create(MPI_Comm comm, int tp, int dp, int pp, h5ckpt_topology_t** out);
 /* This rank's coordinates in the grid (any pointer may be NULL). */
-int h5ckpt_topology_coords(const h5ckpt_topology_t* topo, int* tp_rank, int* dp_rank, int* pp_rank);
-void h5ckpt_topology_free(h5ckpt_topology_t* topo);
+H5CKPT_API int h5ckpt_topology_coords(const h5ckpt_topology_t* topo, int* tp_rank, int* dp_rank, int* pp_rank);
+H5CKPT_API void h5ckpt_topology_free(h5ckpt_topology_t* topo);
 
 /* ---- state: references to the caller's buffers (never copied) -------------------------------
  * Keys are layout-independent names such as "model/layers.0.mlp.fc1.weight" (letters, digits,
@@ -94,35 +96,35 @@ void h5ckpt_topology_free(h5ckpt_topology_t* topo);
  * until h5ckpt_save_async returns; the data is snapshotted then). Malformed shards are
  * reported by save/load with the key named. */
 
-int h5ckpt_state_create(h5ckpt_state_t** out);
+H5CKPT_API int h5ckpt_state_create(h5ckpt_state_t** out);
 /* A box of the tensor: `offsets[d]`, `lengths[d]` per dimension; `data` holds the box's
  * elements in row-major order. */
-int h5ckpt_state_add_sharded(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
-                             const int64_t* global_shape, const int64_t* offsets, const int64_t* lengths,
-                             void* data);
+H5CKPT_API int h5ckpt_state_add_sharded(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
+                                        const int64_t* global_shape, const int64_t* offsets, const int64_t* lengths,
+                                        void* data);
 /* Elements [begin, end) of the row-major flattening of the whole tensor (ZeRO / FSDP flat
  * shards); `data` holds end - begin elements. */
-int h5ckpt_state_add_flat(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
-                          const int64_t* global_shape, int64_t begin, int64_t end, void* data);
+H5CKPT_API int h5ckpt_state_add_flat(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
+                                     const int64_t* global_shape, int64_t begin, int64_t end, void* data);
 /* The whole tensor, held by this rank (replicas on several ranks are written once). */
-int h5ckpt_state_add_replicated(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
-                                const int64_t* global_shape, void* data);
+H5CKPT_API int h5ckpt_state_add_replicated(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
+                                           const int64_t* global_shape, void* data);
 /* An opaque byte blob held whole by this rank (stored as a 1-D uint8 tensor of `size`). */
-int h5ckpt_state_add_bytes(h5ckpt_state_t* state, const char* key, void* data, size_t size);
+H5CKPT_API int h5ckpt_state_add_bytes(h5ckpt_state_t* state, const char* key, void* data, size_t size);
 /* Number of items added so far. */
-size_t h5ckpt_state_size(const h5ckpt_state_t* state);
-void h5ckpt_state_free(h5ckpt_state_t* state);
+H5CKPT_API size_t h5ckpt_state_size(const h5ckpt_state_t* state);
+H5CKPT_API void h5ckpt_state_free(h5ckpt_state_t* state);
 
 /* ---- checkpointer ------------------------------------------------------------------------- */
 
 /* `staging_bytes`: bound of the host staging pool for save_async (0: sized to the largest
  * save). `topo` must outlive the checkpointer. Not collective. */
-int h5ckpt_checkpointer_create(const h5ckpt_topology_t* topo, uint64_t staging_bytes,
-                               h5ckpt_checkpointer_t** out);
+H5CKPT_API int h5ckpt_checkpointer_create(const h5ckpt_topology_t* topo, uint64_t staging_bytes,
+                                          h5ckpt_checkpointer_t** out);
 /* A string attribute stored in the metadata of the following saves. */
-int h5ckpt_checkpointer_set_attribute(h5ckpt_checkpointer_t* ck, const char* name, const char* value);
+H5CKPT_API int h5ckpt_checkpointer_set_attribute(h5ckpt_checkpointer_t* ck, const char* name, const char* value);
 /* Waits for a save_async in flight, then frees. */
-void h5ckpt_checkpointer_free(h5ckpt_checkpointer_t* ck);
+H5CKPT_API void h5ckpt_checkpointer_free(h5ckpt_checkpointer_t* ck);
 
 typedef struct h5ckpt_save_options {
   int checksums;     /* record an xxh3 checksum per region (default 1) */
@@ -132,48 +134,48 @@ typedef struct h5ckpt_save_options {
 } h5ckpt_save_options_t;
 
 /* Fills `options` with the defaults above. */
-void h5ckpt_save_options_init(h5ckpt_save_options_t* options);
+H5CKPT_API void h5ckpt_save_options_init(h5ckpt_save_options_t* options);
 
 /* Writes `state` as checkpoint directory `path` and commits it atomically. `options` may be
  * NULL (defaults). Collective. */
-int h5ckpt_save(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,
-                const h5ckpt_save_options_t* options);
+H5CKPT_API int h5ckpt_save(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,
+                           const h5ckpt_save_options_t* options);
 /* Returns once this rank's data is snapshotted; writing and the commit go on in the
  * background (synchronously if MPI was not initialized with MPI_THREAD_MULTIPLE). The caller
  * may then modify its buffers and free `state`. Collective. */
-int h5ckpt_save_async(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,
-                      const h5ckpt_save_options_t* options, h5ckpt_save_handle_t** out);
+H5CKPT_API int h5ckpt_save_async(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,
+                                 const h5ckpt_save_options_t* options, h5ckpt_save_handle_t** out);
 /* 1 in *done once the save has committed or failed (never blocks). */
-int h5ckpt_save_test(const h5ckpt_save_handle_t* handle, int* done);
+H5CKPT_API int h5ckpt_save_test(const h5ckpt_save_handle_t* handle, int* done);
 /* Blocks until the save has committed or failed; returns its outcome (the same on every rank).
  * Collective in effect: every rank should wait. */
-int h5ckpt_save_wait(h5ckpt_save_handle_t* handle);
-void h5ckpt_save_handle_free(h5ckpt_save_handle_t* handle);
+H5CKPT_API int h5ckpt_save_wait(h5ckpt_save_handle_t* handle);
+H5CKPT_API void h5ckpt_save_handle_free(h5ckpt_save_handle_t* handle);
 
 /* Fills the buffers of `state` from checkpoint `path` (or the one its `latest` names), whatever
  * layout saved it. strict != 0: every key must exist with the same global shape; strict == 0:
  * missing keys are skipped and their buffers left untouched. Float dtypes are converted when
  * the saved one differs. Collective. */
-int h5ckpt_load(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path, int strict);
+H5CKPT_API int h5ckpt_load(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path, int strict);
 
 /* ---- checkpoint metadata (no MPI needed) ---------------------------------------------------- */
 
 /* Reads and validates the metadata of `path` (following `latest`). */
-int h5ckpt_info_open(const char* path, h5ckpt_info_t** out);
-size_t h5ckpt_info_num_tensors(const h5ckpt_info_t* info);
+H5CKPT_API int h5ckpt_info_open(const char* path, h5ckpt_info_t** out);
+H5CKPT_API size_t h5ckpt_info_num_tensors(const h5ckpt_info_t* info);
 /* Tensor `index` (sorted by key). The key and shape pointers live as long as `info`; any output
  * pointer may be NULL. */
-int h5ckpt_info_tensor(const h5ckpt_info_t* info, size_t index, const char** key, int* dtype, int* ndim,
-                       const int64_t** shape);
+H5CKPT_API int h5ckpt_info_tensor(const h5ckpt_info_t* info, size_t index, const char** key, int* dtype, int* ndim,
+                                  const int64_t** shape);
 /* Index of `key`, or H5CKPT_NOT_FOUND. */
-int h5ckpt_info_find(const h5ckpt_info_t* info, const char* key, size_t* index);
+H5CKPT_API int h5ckpt_info_find(const h5ckpt_info_t* info, const char* key, size_t* index);
 /* The step recorded at save time (-1: none). */
-int64_t h5ckpt_info_step(const h5ckpt_info_t* info);
+H5CKPT_API int64_t h5ckpt_info_step(const h5ckpt_info_t* info);
 /* The topology that saved the checkpoint (any pointer may be NULL). */
-int h5ckpt_info_topology(const h5ckpt_info_t* info, int* tp, int* dp, int* pp);
+H5CKPT_API int h5ckpt_info_topology(const h5ckpt_info_t* info, int* tp, int* dp, int* pp);
 /* Re-reads every saved region and checks its checksum (the failure names tensor and region). */
-int h5ckpt_info_verify(const h5ckpt_info_t* info);
-void h5ckpt_info_free(h5ckpt_info_t* info);
+H5CKPT_API int h5ckpt_info_verify(const h5ckpt_info_t* info);
+H5CKPT_API void h5ckpt_info_free(h5ckpt_info_t* info);
 
 #ifdef __cplusplus
 } /* extern "C" */

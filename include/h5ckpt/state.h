@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "h5ckpt/export.h"
 #include "h5ckpt/types.h"
 
 namespace h5ckpt {
@@ -27,7 +28,7 @@ struct StateItem {
 
 /// An ordered set of items with unique keys. Holds pointers to caller memory: the caller keeps
 /// the buffers alive (and, for save_async, unchanged until the snapshot returns).
-class StateDict {
+class H5CKPT_API StateDict {
  public:
   /// Adds a sharded tensor. Errors (duplicate key, spec outside the shape) surface in save/load.
   StateItem& add(std::string key, DType dtype, Shape global_shape, ShardSpec shard, void* data,

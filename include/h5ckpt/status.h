@@ -6,6 +6,8 @@
 #include <utility>
 #include <variant>
 
+#include "h5ckpt/export.h"
+
 namespace h5ckpt {
 
 /// Broad class of a failure; the message says exactly what and where.
@@ -26,10 +28,10 @@ enum class ErrorCode {
 };
 
 /// Human-readable name of an error code, e.g. "corrupt".
-const char* error_code_name(ErrorCode code);
+H5CKPT_API const char* error_code_name(ErrorCode code);
 
 /// Outcome of an operation: ok, or a code plus a message with context (key, file, rank).
-class [[nodiscard]] Status {
+class [[nodiscard]] H5CKPT_API Status {
  public:
   Status() = default;
   Status(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}

@@ -6,9 +6,13 @@
 #include <memory>
 #include <vector>
 
+#include "h5ckpt/export.h"
 #include "h5ckpt/status.h"
 
 namespace h5ckpt {
+namespace detail {
+struct TopologyAccess;  // the library's way to the internals (src/comm/topology_impl.h)
+}  // namespace detail
 
 /// Sizes of the parallel dimensions. world size must equal tp * dp * pp.
 /// (Expert and context parallelism fold into these for now.)
@@ -29,7 +33,7 @@ struct RankCoords {
 /// The TP/DP/PP communicators and the coordination tree of a job. All communicators are
 /// duplicates owned by the Topology; the caller's communicators are never used directly.
 /// Move-only; freeing it frees its communicators (so destroy it before MPI_Finalize).
-class Topology {
+class H5CKPT_API Topology {
  public:
   /// Megatron rank order: TP fastest, then DP, then PP.
   /// Collective over `world`.
@@ -55,9 +59,9 @@ class Topology {
   MPI_Comm pp_comm() const;
 
   struct Impl;
-  Impl& impl() const { return *impl_; }
 
  private:
+  friend struct detail::TopologyAccess;
   explicit Topology(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

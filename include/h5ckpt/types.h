@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "h5ckpt/export.h"
 #include "h5ckpt/status.h"
 
 namespace h5ckpt {
@@ -19,18 +20,18 @@ enum class DType : uint8_t {
 };
 
 /// Bytes per element.
-size_t dtype_size(DType t);
+H5CKPT_API size_t dtype_size(DType t);
 /// Canonical name used in metadata and the CLI: "f32", "bf16", "f8e4m3", ...
-const char* dtype_name(DType t);
+H5CKPT_API const char* dtype_name(DType t);
 /// Inverse of dtype_name; also accepts common aliases ("float32", "bfloat16").
-Result<DType> dtype_from_name(const std::string& name);
+H5CKPT_API Result<DType> dtype_from_name(const std::string& name);
 /// True for the floating-point types (conversion between them is allowed on load).
-bool dtype_is_float(DType t);
+H5CKPT_API bool dtype_is_float(DType t);
 
 using Shape = std::vector<int64_t>;
 
 /// An n-D box: origin and extent per dimension (a hyperslab with unit stride).
-struct Box {
+struct H5CKPT_API Box {
   Shape offset;
   Shape shape;
 
@@ -45,7 +46,7 @@ struct Box {
 /// The rank's buffer is always contiguous: for a box, the box's elements in row-major order;
 /// for a flat range, elements [flat_begin, flat_end) of the row-major flattening of `box`
 /// (ZeRO / distributed-optimizer shards, FSDP flat parameters).
-struct ShardSpec {
+struct H5CKPT_API ShardSpec {
   Box box;
   std::optional<std::pair<int64_t, int64_t>> flat;  ///< [begin, end) within box's flattening
 

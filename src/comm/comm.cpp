@@ -53,22 +53,27 @@ int Comm::size() const {
   return s;
 }
 
-Status agree(const Status& local, MPI_Comm comm) { return agree(local, comm, nullptr); }
+Status agree(const Status& local, MPI_Comm comm) { return agree(local, comm, nullptr, 0); }
 
-Status agree(const Status& local, MPI_Comm comm, int* flag) {
+Status agree(const Status& local, MPI_Comm comm, int* flag) { return agree(local, comm, flag, flag ? 1 : 0); }
+
+Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  const int mine[2] = {local.ok() ? 0 : 1, flag ? *flag : 0};
-  std::vector<int> all(2 * static_cast<size_t>(size));
+  const size_t width = 1 + static_cast<size_t>(nflags);
+  std::vector<int> mine(width), all(width * static_cast<size_t>(size));
+  mine[0] = local.ok() ? 0 : 1;
+  for (int f = 0; f < nflags; ++f) mine[1 + f] = flags[f];
   MPI_Request req;
-  H5CKPT_RETURN_IF_ERROR(
-      mpi_status(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm, &req), "agreement (MPI_Iallgather)"));
+  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_INT, all.data(),
+                                                   static_cast<int>(width), MPI_INT, comm, &req),
+                                    "agreement (MPI_Iallgather)"));
   H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Testall)"));
   std::vector<int> failing;
   for (int r = 0; r < size; ++r) {
-    if (all[2 * r]) failing.push_back(r);
-    if (flag) *flag = std::min(*flag, all[2 * r + 1]);
+    if (all[width * r]) failing.push_back(r);
+    for (int f = 0; f < nflags; ++f) flags[f] = std::min(flags[f], all[width * r + 1 + f]);
   }
   if (failing.empty()) return Status::Ok();
   // The first failing rank tells everyone what went wrong.

@@ -42,6 +42,9 @@ Status agree(const Status& local, MPI_Comm comm);
 /// becomes the minimum over all ranks (lets a phase fold a yes/no question into its agreement).
 Status agree(const Status& local, MPI_Comm comm, int* flag);
 
+/// agree() with `nflags` flags per rank, each becoming its minimum over all ranks on success.
+Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags);
+
 /// Completes `n` requests, sleeping `poll_us` between MPI_Testall polls: blocking MPI calls
 /// busy-poll, and a rank waiting for slower peers would take the CPU they need wherever ranks
 /// outnumber cores (or a background thread would take the trainer's).

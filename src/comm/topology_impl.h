@@ -9,7 +9,8 @@
 
 namespace h5ckpt {
 
-struct Topology::Impl {
+// Hidden although nested in an exported class (nested classes take the visibility of the outer one).
+struct [[gnu::visibility("hidden")]] Topology::Impl {
   comm::Comm world, tp, dp, pp;
   ParallelSizes sizes;
   RankCoords coords;
@@ -21,5 +22,12 @@ struct Topology::Impl {
   /// elsewhere. Collective over the world.
   Result<std::vector<std::string>> tree_gather(const std::string& mine) const;
 };
+
+namespace detail {
+// The only way to a Topology's internals: Topology::Impl is not part of the installed contract.
+struct TopologyAccess {
+  static Topology::Impl& of(const Topology& t) { return *t.impl_; }
+};
+}  // namespace detail
 
 }  // namespace h5ckpt

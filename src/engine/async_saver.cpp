@@ -3,8 +3,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "api/handle_access.h"
 #include "device/staging.h"
 #include "metrics/log.h"
+#include "storage/commit.h"
 #include "util/stream_copy.h"
 
 namespace h5ckpt::engine {
@@ -14,7 +16,7 @@ using metrics::now_s;
 namespace {
 
 // Pieces handed over from the snapshot (producer) to the writer (consumer).
-class StagedSource : public PieceSource {
+class StagedSource : public WriteSource {
  public:
   /// `staged`: pieces live in the pool (false: in the caller's buffers, nothing to release).
   StagedSource(StagingPool& pool, bool staged) : pool_(pool), staged_(staged) {}
@@ -31,7 +33,7 @@ class StagedSource : public PieceSource {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return closed_ && queue_.empty() && in_use_ == 0; });
   }
-  void push(const Piece& p) {
+  void push(const SourcedWrite& p) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(p);
@@ -50,17 +52,17 @@ class StagedSource : public PieceSource {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return closed_; });
   }
-  std::optional<Piece> next() override {
+  std::optional<SourcedWrite> next() override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !queue_.empty() || closed_; });
     if (queue_.empty()) return std::nullopt;
-    Piece p = queue_.front();
+    SourcedWrite p = queue_.front();
     queue_.pop_front();
     ++in_use_;
     return p;
   }
-  void done(const Piece& p) override {
-    if (p.bytes && staged_) pool_.release();
+  void done(const SourcedWrite& p) override {
+    if (p.write->bytes && staged_) pool_.release();
     {
       std::lock_guard<std::mutex> lock(mu_);
       --in_use_;
@@ -73,7 +75,7 @@ class StagedSource : public PieceSource {
   const bool staged_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Piece> queue_;
+  std::deque<SourcedWrite> queue_;
   int in_use_ = 0;
   bool closed_ = false;
   Status status_;
@@ -108,7 +110,6 @@ std::shared_ptr<SaveHandle::State> AsyncSaver::finish_pending() {
 
 Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& path, const SaveOptions& options,
                                      const std::map<std::string, std::string>& attributes, PlanCache& cache) {
-  const double t0 = now_s();
   // At most one save in flight: the previous one must commit before this one snapshots into
   // the same pool. Its failure, if nobody saw it, is this call's answer.
   if (auto prev = finish_pending()) {
@@ -118,48 +119,53 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
       return prev->result.status().with_context("previous asynchronous save failed");
     }
   }
-  SaveReport report;
-  report.async = true;
-  H5CKPT_ASSIGN_OR_RETURN(TensorPlans plan, prepare_save(topo_, state, cache, report));
   // Comm duplication is collective and happens once, on the first save_async of every rank.
   if (!io_comms_) H5CKPT_RETURN_IF_ERROR(comm::agree(ensure_io_comms(), topo_.world.get()));
+  // The same first phase as a synchronous save, on the caller's thread: its errors (an existing
+  // checkpoint, a bad shard) are this call's answer, not wait()'s.
+  H5CKPT_ASSIGN_OR_RETURN(SaveJob prepared, save_prepare(topo_, state, path, options, attributes, cache));
+  auto job = std::make_shared<SaveJob>(std::move(prepared));
+  job->report.async = true;
 
+  const int rank = topo_.world.rank();
+  auto writes = plan_my_writes(rank, *job, state, options_.max_piece_bytes);
   uint64_t mine = 0;
-  for (const auto& t : *plan)
-    for (const auto& reg : t.regions)
-      if (reg.writer == topo_.world.rank()) mine += static_cast<uint64_t>(reg.shard.numel()) * dtype_size(t.dtype);
+  for (const auto& w : writes.ok() ? *writes : std::vector<planner::WriteItem>{}) mine += w.bytes;
   const uint64_t wanted = options_.staging_bytes ? options_.staging_bytes : mine;
   pool_.reserve(wanted);
   // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
   // buffers and returns once they are written, which is correct, only not asynchronous.
   const bool staged = mine == 0 || pool_.capacity() > 0;
-  const uint64_t pool_cap = staged && mine ? pool_.capacity() : UINT64_MAX;  // a piece must fit the pool
-  const uint64_t piece_max = std::max<uint64_t>(1, std::min<uint64_t>(options_.max_piece_bytes, pool_cap));
-  std::vector<Piece> pieces = my_pieces(topo_.world.rank(), *plan, state, piece_max);
+  if (writes.ok() && staged && mine && pool_.capacity() < options_.max_piece_bytes)  // a piece must fit the pool
+    writes = plan_my_writes(rank, *job, state, pool_.capacity());
+  auto my_writes = std::make_shared<const std::vector<planner::WriteItem>>(
+      writes.ok() ? std::move(writes).value() : std::vector<planner::WriteItem>{});
 
   auto st = std::make_shared<SaveHandle::State>();
   auto source = std::make_shared<StagedSource>(pool_, staged);
+  if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
   const Topology::Impl& io = *io_comms_;
   const CheckpointerOptions copts = options_;
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
   // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
   const bool after_snapshot = staged && pool_.capacity() >= mine;
-  worker_ = std::thread([st, source, plan, path, options, copts, attributes, report, &io, after_snapshot] {
+  worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot] {
     if (after_snapshot) source->wait_closed();
     // Ranks whose snapshot is done wait here for the others without taking their CPU.
     Status ready = comm::idle_barrier(io.world.get());
-    if (!ready.ok())
-      while (auto p = source->next()) source->done(*p);  // the snapshot must not wait for a writer
-    auto result = ready.ok() ? write_and_commit(io, *plan, path, options, copts, attributes, *source, report)
-                             : Result<SaveReport>(ready);
-    if (result.ok()) {
+    Result<SaveReport> result = ready;
+    if (!ready.ok()) {
+      while (auto w = source->next()) source->done(*w);  // the snapshot must not wait for a writer
+      if (io.world.rank() == io.coordinator) (void)storage::remove_tree(job->temp);
+    } else if (Status written = save_write(io, *job, copts, *source); !written.ok()) {
+      result = written;
+    } else {
       {
-        std::lock_guard<std::mutex> lock(st->mu);  // the snapshot figures are final by now
-        result->snapshot_s = st->snapshot_s;
-        result->blocked_bytes = st->blocked_bytes;
+        std::lock_guard<std::mutex> lock(st->mu);  // the snapshot is done: the source was drained
+        job->report.snapshot_s = st->snapshot_s;
+        job->report.blocked_bytes = st->blocked_bytes;
       }
-      result->total_s = result->plan_s + result->snapshot_s + result->write_s + result->commit_s;
-      record_metrics(io, copts, *result);
+      result = save_commit(io, *job, copts);
     }
     std::lock_guard<std::mutex> lock(st->mu);
     st->result = std::move(result);
@@ -172,24 +178,27 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   const double t_snap = now_s();
   uint64_t blocked = 0;
   device::Staging& dev = device::staging();
-  for (Piece p : pieces) {
-    if (p.bytes && staged) {
+  for (const planner::WriteItem& w : *my_writes) {
+    const StateItem& item = state.items()[w.item];
+    const char* from = static_cast<const char*>(item.data) + w.src_offset;
+    const bool on_device = device::is_device_item(item);
+    SourcedWrite out{&w, from, false};
+    if (w.bytes && staged) {
       bool waited = false;
-      char* dst = pool_.acquire(p.bytes, &waited);
-      if (!p.on_device) {
-        detail::stream_copy(dst, p.data, p.bytes);
+      char* dst = pool_.acquire(w.bytes, &waited);
+      if (!on_device) {
+        detail::stream_copy(dst, from, w.bytes);
       } else {  // device to pinned pool; the writer may only see it once the copy is done
-        Status st = dev.copy_to_host(dst, p.data, p.bytes);
-        if (st.ok()) st = dev.synchronize();
-        if (!st.ok()) source->fail(st.with_context("staging a device piece"));
-        p.on_device = false;
+        Status copied = dev.copy_to_host(dst, from, w.bytes);
+        if (copied.ok()) copied = dev.synchronize();
+        if (!copied.ok()) source->fail(copied.with_context("staging a device piece"));
       }
-      if (waited) blocked += p.bytes;
-      p.data = dst;
-    } else if (p.on_device && p.bytes) {
+      if (waited) blocked += w.bytes;
+      out.data = dst;
+    } else if (on_device && w.bytes) {
       source->fail(Status(ErrorCode::kIo, "no host staging memory for device buffers"));
     }
-    source->push(p);
+    source->push(out);
   }
   {
     std::lock_guard<std::mutex> lock(st->mu);  // before close(): the writer cannot finish earlier
@@ -205,8 +214,9 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   if (blocked)
     metrics::log().warn("staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
                         "waiting for the writer", pool_.capacity(), blocked);
-  metrics::log().info("save_async '{}': snapshot {:.3f}s after {:.3f}s of planning", path, now_s() - t_snap, t_snap - t0);
-  return SaveHandle(st);
+  metrics::log().info("save_async '{}': snapshot {:.3f}s after {:.3f}s of planning", path, now_s() - t_snap,
+                      t_snap - job->t0);
+  return detail::SaveHandleAccess::make(st);
 }
 
 }  // namespace h5ckpt::engine

@@ -1,4 +1,13 @@
 // Runs save and load plans: the orchestration between planner, comm and storage.
+//
+// Every operation is a short sequence of named phases, each ending in exactly one agreement
+// (comm::agree), so every rank follows the same sequence of collectives and returns the same
+// Status:
+//   save = save_prepare -> (a WriteSource: the caller's buffers, or the async snapshot)
+//          -> save_write -> save_commit
+//   load = resolve_metadata -> plan_reads -> [verify_regions] -> execute_reads
+// Synchronous and asynchronous saves share every phase; async only runs write and commit on a
+// background thread with its own communicators.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +20,9 @@
 #include "comm/topology_impl.h"
 #include "comm/transport.h"
 #include "engine/staging_pool.h"
+#include "engine/wire.h"
 #include "h5ckpt/checkpointer.h"
+#include "planner/load_planner.h"
 #include "planner/save_planner.h"
 
 namespace h5ckpt::engine {
@@ -31,33 +42,78 @@ Status check_item_buffer(const StateItem& item);
 /// Hash of this rank's state structure (keys, dtypes, shapes, shards; not the data).
 uint64_t structure_signature(const StateDict& state);
 
-/// Part of a region this rank writes: a flat sub-range of the region's box, contiguous in
-/// `data`. Pieces come in plan order (tensor, region, offset).
-struct Piece {
-  int tensor = -1;
-  int region = -1;
-  ShardSpec shard;
+/// The planner's view of a rank's items.
+std::vector<planner::ItemDesc> describe_items(const StateDict& state);
+
+// ---------------------------------------------------------------------------------------------
+// Save
+
+/// A planned write whose bytes are ready: in the caller's buffer, or a staging copy.
+struct SourcedWrite {
+  const planner::WriteItem* write = nullptr;
   const char* data = nullptr;
-  uint64_t bytes = 0;
-  bool region_end = false;  ///< last piece of its region (its checksum is complete)
-  bool on_device = false;   ///< `data` is device memory: it must be staged before writing
+  bool on_device = false;  ///< `data` is device memory (never handed to the writer)
 };
 
-/// This rank's pieces, pointing into the caller's buffers, each at most max_bytes.
-std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& tensors, const StateDict& state,
-                             uint64_t max_bytes);
-
-/// Where the writer gets its pieces: from the caller's buffers (sync) or the staging pool (async).
-class PieceSource {
+/// Where the write phase gets its bytes, in plan order.
+class WriteSource {
  public:
-  virtual ~PieceSource() = default;
-  /// The next piece, or nullopt when there are no more. May block (async: snapshot in progress).
-  virtual std::optional<Piece> next() = 0;
-  /// Called once the piece's bytes are no longer needed.
-  virtual void done(const Piece&) {}
+  virtual ~WriteSource() = default;
+  /// The next write, or nullopt when there are no more. May block (async: snapshot in progress).
+  virtual std::optional<SourcedWrite> next() = 0;
+  /// Called once the write's bytes are no longer needed.
+  virtual void done(const SourcedWrite&) {}
   /// A failure of the source itself (a device copy); the writer fails the save with it.
   virtual Status status() { return Status::Ok(); }
 };
+
+/// One save from prepare to commit: fixed by save_prepare, filled in by the later phases.
+struct SaveJob {
+  TensorPlans plan;
+  std::string path;  ///< the checkpoint directory to commit (normalized)
+  std::string temp;  ///< its temporary sibling, made by the coordinator
+  SaveOptions options;
+  std::map<std::string, std::string> attributes;
+  SaveReport report;
+  double t0 = 0;  ///< when the save was called (total_s is wall time from here to the commit)
+  // Written by save_write, read by save_commit.
+  std::vector<int64_t> offsets;                 ///< file offset of every dataset
+  std::vector<wire::RegionChecksum> checksums;  ///< of the regions this rank wrote
+};
+
+/// Phase 1, collective: local checks; the coordinator makes the temporary directory (refusing an
+/// existing checkpoint without overwrite) in an agreement that also tells whether every rank's
+/// structure is the cached one; if not, the global plan is made again (gather, plan, broadcast).
+Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state, const std::string& path,
+                             const SaveOptions& options, const std::map<std::string, std::string>& attributes,
+                             PlanCache& cache);
+
+/// This rank's writes in `job`, each at most `max_bytes`.
+Result<std::vector<planner::WriteItem>> plan_my_writes(int rank, const SaveJob& job, const StateDict& state,
+                                                       uint64_t max_bytes);
+
+/// The writes straight from the caller's buffers; with `half_bytes`, device pieces are copied
+/// into two halves of `pool` (the copy of the next one runs while this one is written). A failed
+/// `writes` fails the write phase it feeds. The source owns the writes.
+std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::WriteItem>> writes,
+                                                  const StateDict& state, StagingPool& pool, uint64_t half_bytes);
+
+/// Phase 2, collective over comms.world: the HDF5 file and its datasets, every write from
+/// `source` (checksummed as it streams), fsync. Always drains `source`; on failure removes the
+/// temporary directory.
+Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source);
+
+/// Phase 3, collective over comms.world: checksums to the coordinator, which assembles the
+/// metadata and commits it in one storage call; the report is recorded and returned.
+Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts);
+
+/// Synchronous save: the three phases with the caller's buffers as the source.
+Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
+                        const SaveOptions& options, const std::map<std::string, std::string>& attributes,
+                        PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool);
+
+// ---------------------------------------------------------------------------------------------
+// Load
 
 /// Device links that outlive one load: the device transport (NCCL), created collectively the
 /// first time a load moves device bytes between ranks, and reused.
@@ -66,59 +122,14 @@ struct DeviceLink {
   bool tried = false;  ///< creation was attempted (same on every rank)
 };
 
-/// Phase 1, collective over topo.world: local checks, then the global plan (from `cache` when
-/// no rank's structure changed). Fills report.plan_s / plan_cached.
-Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& state, PlanCache& cache,
-                                 SaveReport& report);
-
-/// Phase 2, collective over comms.world: the coordinator makes a fresh temporary directory
-/// next to `path` and every rank learns its name. `local` is this rank's outcome so far (a
-/// failure anywhere fails every rank, and nothing is left behind); `flag`, when given, is
-/// folded into the same agreement (minimum over the ranks).
-Result<std::string> make_temp_dir(const Topology::Impl& comms, const std::string& path, const SaveOptions& options,
-                                  const Status& local, int* flag);
-
-/// Phases 3-4, collective over comms.world: HDF5 file and datasets in `temp`, the writes of
-/// every piece from `source`, metadata and the atomic commit. Always drains `source`, even
-/// after a failure. Every rank returns the same Status.
-Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
-                                    const std::string& path, const std::string& temp, const SaveOptions& options,
-                                    const CheckpointerOptions& copts,
-                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
-                                    SaveReport report);
-
-/// Phases 2-4: make_temp_dir, then write_and_commit.
-Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
-                                    const std::string& path, const SaveOptions& options,
-                                    const CheckpointerOptions& copts,
-                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
-                                    SaveReport report);
-
-/// Synchronous save: local cache check, make_temp_dir (its agreement also tells whether every
-/// rank's structure is unchanged; if not, a collective re-plan), then write_and_commit straight
-/// from the caller's host buffers; device buffers are staged through `pool` in two halves
-/// (copy k+1 while writing k).
-Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
-                        const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool);
-
-/// What one rank does for one of its items in a load.
-enum class Role : int32_t { kSkip = 0, kRead = 1, kReceive = 2 };
-struct ItemRole {
-  Role role = Role::kSkip;
-  int32_t group = 0;             ///< orders messages; both sides walk groups in ascending order
-  int32_t peer = -1;             ///< kReceive: the reader
-  std::vector<int32_t> targets;  ///< kRead: ranks to send the bytes to
-};
-
-/// The validated metadata and this rank's load roles of the last load, reused while the
-/// metadata bytes, the data file size and every rank's state structure are unchanged.
+/// The validated metadata and this rank's load plan of the last load, reused while the metadata
+/// bytes, the data file size, every rank's requests and the options are unchanged.
 struct LoadPlanCache {
   uint64_t meta_hash = 0;
-  uint64_t local_signature = 0;
+  uint64_t request_hash = 0;
   uint64_t data_size = 0;
   std::shared_ptr<const CheckpointInfo> info;  ///< null: nothing cached
-  std::vector<ItemRole> roles;
+  planner::RankLoadPlan plan;
   bool any_device = false;        ///< some rank loads into device memory
   bool device_transport = false;  ///< device replicas move over DeviceLink::transport
   bool aggregated = false;        ///< two-phase reads (LoadOptions::aggregate_reads) on every rank
@@ -131,8 +142,8 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
                         const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache,
                         StagingPool& pool, DeviceLink& link);
 
-/// Writes the metrics file of a finished save/load when enabled (collective; never fails the op).
+/// Writes the metrics file of a committed save when enabled (collective; never fails the save).
+/// Called by save_commit only; a load records its own at its end.
 void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r);
-void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const LoadReport& r);
 
 }  // namespace h5ckpt::engine

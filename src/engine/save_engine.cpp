@@ -1,6 +1,5 @@
-// Save: validate locally -> create temp dir (its agreement also says whether the cached plan
-// holds on every rank) -> plan if not -> collective HDF5 file, independent writes -> gather
-// checksums -> coordinator writes metadata and commits. Each phase ends in agree().
+// The save pipeline: prepare (checks, temporary directory, plan) -> write (file, pieces, fsync)
+// -> commit (checksums, metadata, atomic publish). Each phase ends in one agreement.
 #include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (structure_signature)
 #include <xxhash.h>
@@ -10,14 +9,13 @@
 
 #include "device/staging.h"
 #include "engine/engine.h"
-#include "engine/plan_codec.h"
 #include "metrics/log.h"
 #include "metrics/report.h"
+#include "storage/checkpoint_commit.h"
 #include "storage/commit.h"
 #include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
 #include "storage/metadata.h"
-#include "util/bytes.h"
 
 namespace h5ckpt::engine {
 
@@ -67,12 +65,19 @@ uint64_t structure_signature(const StateDict& state) {
   return XXH3_64bits_digest(&h);
 }
 
+std::vector<planner::ItemDesc> describe_items(const StateDict& state) {
+  std::vector<planner::ItemDesc> descs;
+  descs.reserve(state.size());
+  for (const auto& it : state.items()) descs.push_back({it.key, it.dtype, it.global_shape, it.shard});
+  return descs;
+}
+
 namespace {
 
-uint64_t tensor_nbytes(const planner::TensorPlan& t) {
-  uint64_t n = dtype_size(t.dtype);
-  for (auto d : t.shape) n *= static_cast<uint64_t>(d);
-  return n;
+std::string normalized_path(const std::string& path) {
+  std::string p = fs::path(path).lexically_normal().string();
+  if (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
 }
 
 Status check_local_items(const StateDict& state) {
@@ -81,169 +86,133 @@ Status check_local_items(const StateDict& state) {
   return Status::Ok();
 }
 
-// Plans on the coordinator and broadcasts the outcome; every rank gets the same Status.
+// Collective: every rank's descriptors up the tree, the plan made on the coordinator, its outcome
+// broadcast; every rank returns the same Status.
 Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& topo, const StateDict& state) {
-  std::vector<planner::ItemDesc> descs;
-  for (const auto& it : state.items()) descs.push_back({it.key, it.dtype, it.global_shape, it.shard});
-  H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.tree_gather(encode_items(descs)));
-  std::string reply;
+  H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.tree_gather(wire::encode_items(describe_items(state))));
+  Result<std::string> plan_bytes = std::string();
   if (topo.world.rank() == topo.coordinator) {
-    Status st;
     std::vector<std::vector<planner::ItemDesc>> all(gathered.size());
+    Status st;
     for (size_t r = 0; r < gathered.size() && st.ok(); ++r) {
-      auto d = decode_items(gathered[r]);
-      if (!d.ok()) st = d.status();
-      else all[r] = std::move(d).value();
+      auto d = wire::decode_items(gathered[r]);
+      if (d.ok()) all[r] = std::move(d).value();
+      else st = d.status().with_context("from rank " + std::to_string(r));
     }
-    std::string body;
-    if (st.ok()) {
-      auto plan = planner::plan_save(all);
-      if (plan.ok()) body = encode_tensors(plan->tensors);
-      else st = plan.status();
-    }
-    ByteWriter w;
-    w.put<int32_t>(static_cast<int32_t>(st.code()));
-    w.put_string(st.message());
-    w.put_string(body);
-    reply = std::move(w.str());
+    Result<planner::SavePlan> plan = st;
+    if (st.ok()) plan = planner::plan_save(all);
+    plan_bytes = plan.ok() ? Result<std::string>(wire::encode_tensors(plan->tensors))
+                           : Result<std::string>(plan.status().with_context("planning"));
   }
-  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(reply, topo.coordinator, topo.world.get()));
-  ByteReader r(reply);
-  const auto code = static_cast<ErrorCode>(r.get<int32_t>());
-  std::string msg = r.get_string();
-  std::string body = r.get_string();
-  if (!r.ok()) return Status(ErrorCode::kInternal, "malformed plan broadcast");
-  if (code != ErrorCode::kOk) return Status(code, "planning: " + msg);
-  return decode_tensors(body);
+  H5CKPT_ASSIGN_OR_RETURN(std::string body, wire::bcast_outcome(plan_bytes, topo.coordinator, topo.world.get()));
+  return wire::decode_tensors(body);
+}
+
+// The coordinator makes a fresh temporary directory next to the target. Local to the coordinator.
+Result<std::string> make_temp_dir(const std::string& target, bool overwrite) {
+  const std::string nonce = std::to_string(::getpid()) + "-" +
+                            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::error_code ec;
+  if (!overwrite && fs::exists(target, ec))
+    return Status(ErrorCode::kAlreadyExists, "checkpoint '" + target + "' already exists (pass overwrite to replace it)");
+  std::string temp = storage::temp_dir_for(target, nonce);
+  H5CKPT_RETURN_IF_ERROR(storage::make_dir(temp));
+  return temp;
 }
 
 }  // namespace
 
-std::vector<Piece> my_pieces(int rank, const std::vector<planner::TensorPlan>& tensors, const StateDict& state,
-                             uint64_t max_bytes) {
-  std::vector<Piece> out;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    const uint64_t es = dtype_size(tensors[t].dtype);
-    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(max_bytes / es));
-    for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
-      const auto& reg = tensors[t].regions[r];
-      if (reg.writer != rank) continue;
-      const StateItem& item = *state.find(tensors[t].key);
-      const char* data = static_cast<const char*>(item.data);
-      const bool dev = device::is_device_item(item);
-      const int64_t n = reg.shard.numel();
-      if (n <= per) {  // the common case: the region in one piece, as planned
-        out.push_back(Piece{(int)t, (int)r, reg.shard, data, static_cast<uint64_t>(n) * es, true, dev});
-        continue;
-      }
-      // Large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
-      const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
-      for (int64_t b = 0; b < n; b += per) {
-        const int64_t e = std::min(n, b + per);
-        out.push_back(Piece{(int)t, (int)r, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e), data + b * es,
-                            static_cast<uint64_t>(e - b) * es, e == n, dev});
-      }
-    }
-  }
-  return out;
-}
-
-namespace {
-
-// The local half of the plan cache check: this rank's own checks and whether its structure is
-// the one the cache was planned for. No communication.
-struct CacheCheck {
-  Status local;
-  uint64_t signature = 0;
-  int hit = 0;
-};
-CacheCheck check_cache(const StateDict& state, const PlanCache& cache) {
-  CacheCheck c;
-  c.local = check_local_items(state);
-  c.signature = c.local.ok() ? structure_signature(state) : 0;
-  c.hit = c.local.ok() && cache.tensors && cache.local_signature == c.signature ? 1 : 0;
-  return c;
-}
-
-// Collective: plans from scratch into the cache.
-Status replan(const Topology::Impl& topo, const StateDict& state, PlanCache& cache, uint64_t signature) {
-  cache.tensors.reset();
-  H5CKPT_ASSIGN_OR_RETURN(auto tensors, plan_globally(topo, state));
-  cache.tensors = std::make_shared<const std::vector<planner::TensorPlan>>(std::move(tensors));
-  cache.local_signature = signature;
-  return Status::Ok();
-}
-
-}  // namespace
-
-Result<TensorPlans> prepare_save(const Topology::Impl& topo, const StateDict& state, PlanCache& cache,
-                                 SaveReport& report) {
-  const double t0 = now_s();
+Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state, const std::string& path,
+                             const SaveOptions& options, const std::map<std::string, std::string>& attributes,
+                             PlanCache& cache) {
+  SaveJob job;
+  job.t0 = now_s();
+  job.path = normalized_path(path);
+  job.options = options;
+  job.attributes = attributes;
   const MPI_Comm world = topo.world.get();
-  // One allreduce answers both "did any rank fail its local checks" (-1) and "is every rank's
-  // structure unchanged" (1).
-  const CacheCheck c = check_cache(state, cache);
-  int mine = !c.local.ok() ? -1 : c.hit, all = 0;
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, world), "MPI_Allreduce"));
-  if (all < 0) return comm::agree(c.local, world);  // every rank joins; the failing one explains
-  if (!all) H5CKPT_RETURN_IF_ERROR(replan(topo, state, cache, c.signature));
-  report.plan_cached = all != 0;
-  report.plan_s = now_s() - t0;
-  return cache.tensors;
+  const bool coordinator = topo.world.rank() == topo.coordinator;
+  auto fail = [&](const Status& st) {
+    if (coordinator && !job.temp.empty()) (void)storage::remove_tree(job.temp);
+    return st.with_context("save '" + path + "'");
+  };
+
+  // Local checks and the local half of the plan-cache check: no communication.
+  Status local = check_local_items(state);
+  const uint64_t signature = local.ok() ? structure_signature(state) : 0;
+  int cached = local.ok() && cache.tensors && cache.local_signature == signature ? 1 : 0;
+  if (coordinator && local.ok()) {
+    auto temp = make_temp_dir(job.path, options.overwrite);
+    if (temp.ok()) job.temp = std::move(temp).value();
+    else local = temp.status();
+  }
+  // One agreement: any failure anywhere, and whether every rank's structure is the cached one.
+  if (Status a = comm::agree(local, world, &cached); !a.ok()) return fail(a);
+  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(job.temp, topo.coordinator, world));
+  job.report.plan_cached = cached != 0;
+  if (!cached) {
+    cache.tensors.reset();
+    auto tensors = plan_globally(topo, state);
+    if (!tensors.ok()) return fail(tensors.status());
+    cache.tensors = std::make_shared<const std::vector<planner::TensorPlan>>(std::move(tensors).value());
+    cache.local_signature = signature;
+  }
+  job.plan = cache.tensors;
+  job.report.plan_s = now_s() - job.t0;
+  return job;
+}
+
+Result<std::vector<planner::WriteItem>> plan_my_writes(int rank, const SaveJob& job, const StateDict& state,
+                                                       uint64_t max_bytes) {
+  return planner::plan_writes(rank, *job.plan, describe_items(state), max_bytes);
 }
 
 namespace {
 
-// Pieces straight from the caller's buffers.
-class DirectSource : public PieceSource {
+// Writes straight from the caller's buffers; device pieces are copied into one of two halves of
+// the pool first, the copy of the next device piece running while the writer writes this one.
+class CallerBufferSource : public WriteSource {
  public:
-  explicit DirectSource(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
-  std::optional<Piece> next() override {
-    if (i_ == pieces_.size()) return std::nullopt;
-    return pieces_[i_++];
-  }
+  CallerBufferSource(std::vector<planner::WriteItem> writes, const StateDict& state, char* halves,
+                     uint64_t half_bytes, Status status)
+      : writes_(std::move(writes)), state_(state), half_{halves, halves + half_bytes}, status_(std::move(status)) {}
 
- private:
-  std::vector<Piece> pieces_;
-  size_t i_ = 0;
-};
-
-// Pieces from the caller's buffers where device pieces are copied into one of two halves of
-// the pool first: the copy of the next device piece runs while the writer writes this one.
-class DeviceStagedSource : public PieceSource {
- public:
-  DeviceStagedSource(std::vector<Piece> pieces, char* halves, uint64_t half_bytes, Status status)
-      : pieces_(std::move(pieces)), half_{halves, halves + half_bytes}, status_(std::move(status)) {}
-  std::optional<Piece> next() override {
-    if (i_ == pieces_.size()) return std::nullopt;
-    Piece p = pieces_[i_++];
-    if (!p.on_device || p.bytes == 0) {
-      p.on_device = false;  // nothing to stage
-      return p;
+  std::optional<SourcedWrite> next() override {
+    if (i_ == writes_.size()) return std::nullopt;
+    SourcedWrite w = locate(i_++);
+    if (!w.on_device || w.write->bytes == 0) {
+      w.on_device = false;  // nothing to stage
+      return w;
     }
     if (!started_) start(i_ - 1);  // the first device piece (later ones were prefetched)
     if (status_.ok()) status_ = staging_.wait(marker_);
-    p.data = half_[slot_];
-    p.on_device = false;
+    w.data = half_[slot_];
+    w.on_device = false;
     started_ = false;
     // The other half held the previous device piece, whose done() came before this next().
-    for (size_t j = i_; j < pieces_.size(); ++j)
-      if (pieces_[j].on_device && pieces_[j].bytes) {
+    for (size_t j = i_; j < writes_.size(); ++j)
+      if (locate(j).on_device && writes_[j].bytes) {
         slot_ ^= 1;
         start(j);
         break;
       }
-    return p;
+    return w;
   }
   Status status() override { return status_; }
 
  private:
+  SourcedWrite locate(size_t j) const {
+    const StateItem& item = state_.items()[writes_[j].item];
+    return SourcedWrite{&writes_[j], static_cast<const char*>(item.data) + writes_[j].src_offset,
+                        device::is_device_item(item)};
+  }
   void start(size_t j) {
-    if (status_.ok()) status_ = staging_.copy_to_host(half_[slot_], pieces_[j].data, pieces_[j].bytes);
+    if (status_.ok()) status_ = staging_.copy_to_host(half_[slot_], locate(j).data, writes_[j].bytes);
     marker_ = staging_.record();
     started_ = true;
   }
-  std::vector<Piece> pieces_;
+  std::vector<planner::WriteItem> writes_;
+  const StateDict& state_;
   char* half_[2];
   device::Staging& staging_ = device::staging();
   size_t i_ = 0;
@@ -253,77 +222,53 @@ class DeviceStagedSource : public PieceSource {
   Status status_;
 };
 
-void drain(PieceSource& source) {
-  while (auto p = source.next()) source.done(*p);
-}
-
-std::string normalized_path(const std::string& path) {
-  std::string p = fs::path(path).lexically_normal().string();
-  if (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
+void drain(WriteSource& source) {
+  while (auto w = source.next()) source.done(*w);
 }
 
 }  // namespace
 
-Result<std::string> make_temp_dir(const Topology::Impl& comms, const std::string& path, const SaveOptions& options,
-                                  const Status& local, int* flag) {
-  const MPI_Comm world = comms.world.get();
-  const bool coordinator = comms.world.rank() == comms.coordinator;
-  const std::string target = normalized_path(path);
-  std::string temp;
-  Status st = local;
-  if (coordinator && st.ok()) {
-    const std::string nonce = std::to_string(::getpid()) + "-" +
-                              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-    temp = storage::temp_dir_for(target, nonce);
-    std::error_code ec;
-    if (!options.overwrite && fs::exists(target, ec))
-      st = Status(ErrorCode::kAlreadyExists, "checkpoint '" + target + "' already exists (pass overwrite to replace it)");
-    else
-      st = storage::make_dir(temp);
-    if (!st.ok()) temp.clear();
+std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::WriteItem>> writes,
+                                                  const StateDict& state, StagingPool& pool, uint64_t half_bytes) {
+  Status staged = writes.status();  // a planning bug fails this rank's write phase, so every rank's
+  if (staged.ok() && half_bytes) {
+    pool.reserve(2 * half_bytes);
+    if (pool.capacity() < 2 * half_bytes)
+      staged = Status(ErrorCode::kIo, "could not allocate " + std::to_string(2 * half_bytes) +
+                                          " bytes of host staging for device buffers");
   }
-  if (Status a = comm::agree(st, world, flag); !a.ok()) {
-    if (!temp.empty()) (void)storage::remove_tree(temp);
-    return a;
-  }
-  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(temp, comms.coordinator, world));
-  return temp;
+  if (!writes.ok()) writes = std::vector<planner::WriteItem>{};
+  return std::make_unique<CallerBufferSource>(std::move(writes).value(), state, half_bytes ? pool.base() : nullptr,
+                                              half_bytes, std::move(staged));
 }
 
-Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
-                                    const std::string& path, const std::string& temp, const SaveOptions& options,
-                                    const CheckpointerOptions& copts,
-                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
-                                    SaveReport report) {
+Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source) {
   const double t0 = now_s();
   const MPI_Comm world = comms.world.get();
   const bool coordinator = comms.world.rank() == comms.coordinator;
-  report.path = normalized_path(path);
-  auto fail = [&](const Status& s, const std::string& dir) -> Status {
+  const std::vector<planner::TensorPlan>& tensors = *job.plan;
+  auto fail = [&](const Status& s) {
     drain(source);
-    if (coordinator && !dir.empty()) (void)storage::remove_tree(dir);
-    return s.with_context("save '" + path + "'");
+    if (coordinator) (void)storage::remove_tree(job.temp);
+    return s.with_context("save '" + job.path + "'");
   };
 
-  // Phase 3: datasets created collectively; each rank then writes its pieces independently
-  // (no per-tensor collective), checksumming each region as its pieces stream by.
-  const std::string data_file = (fs::path(temp) / storage::kDataFileName).string();
-  std::vector<std::tuple<int, int, uint64_t>> sums;  // (tensor, region, xxh3)
-  std::vector<int64_t> offsets;
+  // Datasets are created collectively; each rank then writes its pieces independently (no
+  // per-tensor collective), checksumming each region as its pieces stream by.
+  const std::string data_file = (fs::path(job.temp) / storage::kDataFileName).string();
   std::optional<storage::ParallelWriter> h5writer;
   std::optional<storage::DirectWriter> direct;
   {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
     auto writer = storage::ParallelWriter::create(data_file, world, tensors, copts.alignment, copts.mpi_hints);
-    if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a, temp);
-    offsets = writer->offsets();
+    if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a);
+    job.offsets = writer->offsets();
     h5writer.emplace(std::move(writer).value());
     if (copts.direct_writes) {  // the file structure is complete: close it before raw writes
       Status closed = h5writer->close();
       h5writer.reset();
       if (closed.ok() && coordinator) closed = storage::preallocate_file(data_file);
-      if (Status a = comm::agree(closed, world); !a.ok()) return fail(a, temp);
+      if (Status a = comm::agree(closed, world); !a.ok()) return fail(a);
     }
   }
   const double t_created = now_s();
@@ -335,32 +280,34 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
   }
   XXH3_state_t* hs = XXH3_createState();
   bool region_open = false;
-  while (auto piece = source.next()) {
+  job.checksums.clear();
+  while (auto sourced = source.next()) {
     if (local.ok()) local = source.status();  // a failed staging copy: its bytes are not there
+    const planner::WriteItem& w = *sourced->write;
     if (local.ok()) {
-      if (options.checksums) {
+      if (job.options.checksums) {
         if (!region_open) XXH3_64bits_reset(hs);
-        XXH3_64bits_update(hs, piece->data, piece->bytes);
-        region_open = !piece->region_end;
+        XXH3_64bits_update(hs, sourced->data, w.bytes);
+        region_open = !w.region_end;
       }
-      const auto& t = tensors[piece->tensor];
+      const auto& t = tensors[w.tensor];
       if (direct) {
-        local = direct->write(offsets[piece->tensor], t.shape, t.dtype, piece->shard, piece->data);
+        local = direct->write(job.offsets[w.tensor], t.shape, t.dtype, w.box, sourced->data);
       } else {
         std::lock_guard<std::mutex> lock(storage::hdf5_lock());
-        local = h5writer->write(piece->tensor, &piece->shard, piece->data);
+        local = h5writer->write(w.tensor, &w.box, sourced->data);
       }
       local = local.with_context("key '" + t.key + "'");
-      report.bytes_written += piece->bytes;
-      if (piece->region_end)
-        sums.emplace_back(piece->tensor, piece->region, options.checksums ? XXH3_64bits_digest(hs) : 0);
+      job.report.bytes_written += w.bytes;
+      if (w.region_end)
+        job.checksums.push_back({w.tensor, w.region, job.options.checksums ? XXH3_64bits_digest(hs) : 0});
     }
-    source.done(*piece);
+    source.done(*sourced);
   }
   XXH3_freeState(hs);
   const double t_pieces = now_s();
   if (direct) {
-    report.bytes_direct = direct->direct_bytes();
+    job.report.bytes_direct = direct->direct_bytes();
     Status synced = direct->sync_and_close();
     if (local.ok()) local = synced;
   } else if (h5writer) {
@@ -369,125 +316,78 @@ Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vect
     if (local.ok()) local = closed;
   }
   const double t_synced = now_s();
-  if (Status a = comm::agree(local, world); !a.ok()) return fail(a, temp);
+  if (Status a = comm::agree(local, world); !a.ok()) return fail(a);
   const double t_write = now_s();
   metrics::log().debug("write phase: create {:.3f}s, pieces {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s",
                        t_created - t0, t_pieces - t_created, t_synced - t_pieces, t_write - t_synced);
-  report.write_s = t_write - t0;
-  for (const auto& t : tensors) report.bytes_total += tensor_nbytes(t);
-
-  // Phase 4: checksums to the coordinator, which writes the metadata and commits.
-  ByteWriter w;
-  for (const auto& [t, r, sum] : sums) {
-    w.put<int32_t>(t);
-    w.put<int32_t>(r);
-    w.put<uint64_t>(sum);
-  }
-  auto gathered = comm::gather_bytes(w.str(), comms.coordinator, world);
-  Status st = gathered.status();
-  if (coordinator && st.ok()) {
-    CheckpointInfo info;
-    info.library_version = H5CKPT_VERSION;
-    info.step = options.step;
-    info.saved_sizes = comms.sizes;
-    info.saved_coords = comms.all_coords;
-    info.attributes = attributes;
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      TensorInfo ti;
-      ti.key = tensors[t].key;
-      ti.dtype = tensors[t].dtype;
-      ti.shape = tensors[t].shape;
-      ti.nbytes = tensor_nbytes(tensors[t]);
-      ti.file_offset = offsets[t];
-      for (const auto& reg : tensors[t].regions) ti.regions.push_back(SavedRegion{reg.shard, reg.writer, 0});
-      info.tensors.push_back(std::move(ti));
-    }
-    for (const auto& part : *gathered) {
-      ByteReader r(part);
-      while (st.ok() && !r.at_end()) {
-        const int32_t t = r.get<int32_t>(), reg = r.get<int32_t>();
-        const uint64_t sum = r.get<uint64_t>();
-        if (!r.ok() || t < 0 || t >= (int)info.tensors.size() || reg < 0 || reg >= (int)info.tensors[t].regions.size())
-          st = Status(ErrorCode::kInternal, "malformed checksum message");
-        else
-          info.tensors[t].regions[reg].checksum = sum;
-      }
-    }
-    const std::string json = st.ok() ? storage::metadata_to_json(info) : std::string();
-    if (st.ok()) {
-      std::lock_guard<std::mutex> lock(storage::hdf5_lock());
-      st = storage::write_meta_group(data_file, json, storage::kFormatVersion, H5CKPT_VERSION);
-    }
-    if (st.ok()) st = storage::fsync_path(data_file);
-    if (st.ok()) st = storage::write_file_atomic((fs::path(temp) / storage::kMetadataFileName).string(), json);
-    if (st.ok()) st = storage::fsync_path(temp);
-    if (st.ok()) st = storage::publish_dir(temp, report.path, options.overwrite);
-    if (st.ok() && options.update_latest) st = storage::update_latest(report.path);
-    if (!st.ok()) (void)storage::remove_tree(temp);
-  }
-  H5CKPT_RETURN_IF_ERROR(comm::agree(st, world).with_context("committing '" + path + "'"));
-  report.commit_s = now_s() - t_write;
-  return report;
+  job.report.write_s = t_write - t0;
+  return Status::Ok();
 }
 
-Result<SaveReport> write_and_commit(const Topology::Impl& comms, const std::vector<planner::TensorPlan>& tensors,
-                                    const std::string& path, const SaveOptions& options,
-                                    const CheckpointerOptions& copts,
-                                    const std::map<std::string, std::string>& attributes, PieceSource& source,
-                                    SaveReport report) {
-  auto temp = make_temp_dir(comms, path, options, Status::Ok(), nullptr);
-  if (!temp.ok()) {
-    drain(source);
-    return temp.status().with_context("save '" + path + "'");
+Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts) {
+  const double t0 = now_s();
+  const MPI_Comm world = comms.world.get();
+  const std::vector<planner::TensorPlan>& tensors = *job.plan;
+  SaveReport& report = job.report;
+  report.path = job.path;
+  report.bytes_total = 0;
+  for (const auto& t : tensors) {
+    uint64_t n = dtype_size(t.dtype);
+    for (auto d : t.shape) n *= static_cast<uint64_t>(d);
+    report.bytes_total += n;
   }
-  return write_and_commit(comms, tensors, path, *temp, options, copts, attributes, source, std::move(report));
+
+  auto gathered = comm::gather_bytes(wire::encode_checksums(job.checksums), comms.coordinator, world);
+  Status st = gathered.status();
+  if (comms.world.rank() == comms.coordinator) {
+    if (st.ok()) {
+      storage::SavedCheckpoint saved{&tensors, job.offsets, {}, job.options.step, comms.sizes, comms.all_coords,
+                                     job.attributes};
+      saved.checksums.resize(tensors.size());
+      for (size_t t = 0; t < tensors.size(); ++t) saved.checksums[t].assign(tensors[t].regions.size(), 0);
+      for (size_t r = 0; r < gathered->size() && st.ok(); ++r) {
+        auto sums = wire::decode_checksums((*gathered)[r]);
+        if (!sums.ok()) st = sums.status().with_context("from rank " + std::to_string(r));
+        for (const auto& s : sums.ok() ? *sums : std::vector<wire::RegionChecksum>{}) {
+          if (s.tensor < 0 || s.tensor >= (int)tensors.size() || s.region < 0 ||
+              s.region >= (int)tensors[s.tensor].regions.size()) {
+            st = Status(ErrorCode::kInternal, "checksum of an unknown region from rank " + std::to_string(r));
+            break;
+          }
+          saved.checksums[s.tensor][s.region] = s.xxh3;
+        }
+      }
+      if (st.ok())
+        st = storage::commit_checkpoint(job.temp, job.path, saved, job.options.overwrite, job.options.update_latest);
+    }
+    if (!st.ok()) (void)storage::remove_tree(job.temp);
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::agree(st, world).with_context("committing '" + job.path + "'"));
+  const double t_end = now_s();
+  report.commit_s = t_end - t0;
+  report.total_s = t_end - job.t0;
+  record_metrics(comms, copts, report);
+  metrics::log().info("saved '{}': {} bytes written here ({} with O_DIRECT), plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
+                      report.path, report.bytes_written, report.bytes_direct, report.plan_s,
+                      report.plan_cached ? " (cached)" : "", report.write_s, report.commit_s);
+  return report;
 }
 
 Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
                         PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool) {
-  const double t0 = now_s();
-  SaveReport report;
-  // The cache check needs no collective of its own: whether every rank's structure is unchanged
-  // travels in the agreement that creates the temporary directory, which every save has.
-  const CacheCheck c = check_cache(state, cache);
-  report.plan_s = now_s() - t0;
-  int all_hit = c.hit;
-  auto temp = make_temp_dir(topo, path, options, c.local, &all_hit);
-  if (!temp.ok()) return temp.status().with_context("save '" + path + "'");
-  report.plan_cached = all_hit != 0;
-  if (!all_hit) {
-    const double p0 = now_s();
-    if (Status st = replan(topo, state, cache, c.signature); !st.ok()) {
-      if (topo.world.rank() == topo.coordinator) (void)storage::remove_tree(*temp);
-      return st.with_context("save '" + path + "'");
-    }
-    report.plan_s += now_s() - p0;
-  }
-  const std::vector<planner::TensorPlan>& plan = *cache.tensors;
+  H5CKPT_ASSIGN_OR_RETURN(SaveJob job, save_prepare(topo, state, path, options, attributes, cache));
   bool any_device = false;
   for (const auto& it : state.items()) any_device = any_device || device::is_device_item(it);
-  std::unique_ptr<PieceSource> source;
-  if (!any_device) {
-    source = std::make_unique<DirectSource>(my_pieces(topo.world.rank(), plan, state, copts.max_piece_bytes));
-  } else {
-    // Device pieces are bounded by half the pool (or 64 MiB when the pool is unbounded).
-    const uint64_t half = std::max<uint64_t>(
-        1, std::min<uint64_t>(copts.max_piece_bytes, copts.staging_bytes ? copts.staging_bytes / 2 : 64ull << 20));
-    pool.reserve(2 * half);
-    Status staged = pool.capacity() >= 2 * half ? Status::Ok()
-                                                : Status(ErrorCode::kIo, "could not allocate " + std::to_string(2 * half) +
-                                                                             " bytes of host staging for device buffers");
-    source = std::make_unique<DeviceStagedSource>(my_pieces(topo.world.rank(), plan, state, half), pool.base(),
-                                                  half, std::move(staged));
-  }
-  H5CKPT_ASSIGN_OR_RETURN(report, write_and_commit(topo, plan, path, *temp, options, copts, attributes, *source, report));
-  report.total_s = now_s() - t0;
-  record_metrics(topo, copts, report);
-  metrics::log().info("saved '{}': {} bytes written here ({} with O_DIRECT), plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
-                      report.path, report.bytes_written, report.bytes_direct, report.plan_s,
-                      report.plan_cached ? " (cached)" : "", report.write_s, report.commit_s);
-  return report;
+  // Device pieces are bounded by half the pool (or 64 MiB when the pool is unbounded).
+  const uint64_t half = !any_device ? 0
+                                    : std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes,
+                                                                               copts.staging_bytes ? copts.staging_bytes / 2
+                                                                                                   : 64ull << 20));
+  auto source = caller_buffer_source(plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes),
+                                     state, pool, half);
+  H5CKPT_RETURN_IF_ERROR(save_write(topo, job, copts, *source));
+  return save_commit(topo, job, copts);
 }
 
 void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r) {
@@ -495,13 +395,6 @@ void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copt
   const Status st = metrics::write_metrics(comms, "save", r.path, metrics::metrics_path(r.path, "save", copts.metrics_dir),
                                            metrics::from_report(r));
   if (!st.ok()) metrics::log().warn("could not write save metrics: {}", st.to_string());
-}
-
-void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const LoadReport& r) {
-  if (!copts.metrics) return;
-  const Status st = metrics::write_metrics(comms, "load", r.path, metrics::metrics_path(r.path, "load", copts.metrics_dir),
-                                           metrics::from_report(r));
-  if (!st.ok()) metrics::log().warn("could not write load metrics: {}", st.to_string());
 }
 
 }  // namespace h5ckpt::engine

@@ -1,134 +1,27 @@
-// Data-loader state: the strided sample walk, windows, resharding and the exactly-once check.
+// Data-loader state: resharding (split/merge over DP), serialization and checkpoint items.
+// The synthetic walk that advances it lives in src/extras (synthetic_loader.h).
 #include "h5ckpt/loader_state.h"
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
-#include <cstring>
-#include <numeric>
-#include <set>
-#include <sstream>
+
+#include "loader/loader_internal.h"
 
 namespace h5ckpt::loader {
+
+using detail::corrupt;
+using detail::id_str;
+using detail::Reader;
+using detail::Writer;
+
 namespace {
-
-uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  return mix64(mix64(mix64(mix64(a) ^ b) ^ c) ^ d);
-}
-
-std::string id_str(SampleId id) {
-  return "sample (source " + std::to_string(id.source) + ", record " + std::to_string(id.record) +
-         ")";
-}
-
-Status corrupt(const std::string& what) { return Status(ErrorCode::kCorrupt, "loader state: " + what); }
-
-// Picks the source of a shard's next walk fetch, weighted by the ratios.
-int32_t choose_source(const ReplicatedState& rep, const ShardState& shard) {
-  const auto& src = rep.config.sources;
-  if (src.size() == 1) return 0;
-  double total = 0;
-  for (const auto& s : src) total += s.ratio;
-  uint64_t h = hash4(rep.config.seed ^ 0x5EED5EEDull, static_cast<uint64_t>(rep.generation),
-                     static_cast<uint64_t>(shard.shard), static_cast<uint64_t>(shard.draws));
-  double u = static_cast<double>(h >> 11) * 0x1.0p-53 * total;
-  double acc = 0;
-  for (size_t k = 0; k < src.size(); ++k) {
-    acc += src[k].ratio;
-    if (u < acc) return static_cast<int32_t>(k);
-  }
-  return static_cast<int32_t>(src.size() - 1);
-}
-
-// ---- a small little-endian serializer (fixed layout, versioned by a magic) ----
-class Writer {
- public:
-  template <class T>
-  void put(T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    buf.insert(buf.end(), p, p + sizeof(T));
-  }
-  void put_str(const std::string& s) {
-    put<uint64_t>(s.size());
-    buf.insert(buf.end(), s.begin(), s.end());
-  }
-  void put_i64s(const std::vector<int64_t>& v) {
-    put<uint64_t>(v.size());
-    for (int64_t x : v) put(x);
-  }
-  std::vector<uint8_t> buf;
-};
-
-class Reader {
- public:
-  Reader(const uint8_t* p, size_t n) : p_(p), end_(p + n) {}
-  template <class T>
-  T get() {
-    T v{};
-    if (static_cast<size_t>(end_ - p_) < sizeof(T)) {
-      ok_ = false;
-      return v;
-    }
-    std::memcpy(&v, p_, sizeof(T));
-    p_ += sizeof(T);
-    return v;
-  }
-  // Counts are bounded so that a corrupt blob cannot ask for a huge allocation.
-  uint64_t get_count(size_t elem_size) {
-    uint64_t n = get<uint64_t>();
-    if (!ok_ || n > static_cast<uint64_t>(end_ - p_) / std::max<size_t>(elem_size, 1)) {
-      ok_ = false;
-      return 0;
-    }
-    return n;
-  }
-  std::string get_str() {
-    uint64_t n = get_count(1);
-    std::string s(reinterpret_cast<const char*>(p_), n);
-    p_ += n;
-    return s;
-  }
-  std::vector<int64_t> get_i64s() {
-    uint64_t n = get_count(sizeof(int64_t));
-    std::vector<int64_t> v(n);
-    for (auto& x : v) x = get<int64_t>();
-    return v;
-  }
-  bool ok() const { return ok_; }
-  bool at_end() const { return p_ == end_; }
-
- private:
-  const uint8_t* p_;
-  const uint8_t* end_;
-  bool ok_ = true;
-};
 
 constexpr uint64_t kRepMagic = 0x3150455244414C48ull;    // "HLADREP1"
 constexpr uint64_t kShardMagic = 0x3144524853444C48ull;  // "HLDSHRD1"
-constexpr uint64_t kLrMagic = 0x3144454843524C48ull;     // "HLRCHED1"
-constexpr uint64_t kRngMagic = 0x31474E52444C48ull;      // "HLDRNG1"
 
 }  // namespace
 
 // ---- config --------------------------------------------------------------------------------
-
-LoaderConfig LoaderConfig::default_config(uint64_t seed, int32_t workers_per_rank,
-                                          int64_t context_len) {
-  LoaderConfig c;
-  c.seed = seed;
-  c.workers_per_rank = workers_per_rank;
-  c.context_len = context_len;
-  c.sources = {{"web", 0.6, 32, 1024}, {"code", 0.3, 64, 2048}, {"books", 0.1, 512, 4096}};
-  return c;
-}
 
 Status LoaderConfig::validate() const {
   if (sources.empty()) return Status(ErrorCode::kInvalidArgument, "loader: no sources");
@@ -155,15 +48,7 @@ bool ReplicatedState::operator==(const ReplicatedState& o) const {
   return num_shards == o.num_shards && base == o.base && generation == o.generation;
 }
 
-// ---- the walk ------------------------------------------------------------------------------
-
-int64_t sample_length(const LoaderConfig& config, SampleId id) {
-  const auto& s = config.sources.at(static_cast<size_t>(id.source));
-  uint64_t span = static_cast<uint64_t>(s.max_len - s.min_len + 1);
-  uint64_t h = hash4(config.seed, 0x1E46u, static_cast<uint64_t>(id.source),
-                     static_cast<uint64_t>(id.record));
-  return s.min_len + static_cast<int64_t>(h % span);
-}
+// ---- fresh state ---------------------------------------------------------------------------
 
 ReplicatedState initial_replicated(const LoaderConfig& config, int64_t num_shards) {
   ReplicatedState r;
@@ -181,47 +66,9 @@ ShardState initial_shard(const ReplicatedState& rep, int64_t shard) {
   return s;
 }
 
-std::vector<Piece> next_window(const ReplicatedState& rep, ShardState& shard) {
-  const int64_t want = rep.config.context_len;
-  int64_t buffered = 0;
-  for (const auto& b : shard.buffer) buffered += b.length - b.offset;
-  size_t pending_used = 0;
-  while (buffered < want) {
-    SampleId id;
-    if (pending_used < shard.pending.size()) {
-      id = shard.pending[pending_used++];
-    } else {
-      int32_t k = choose_source(rep, shard);
-      id = {k, shard.next[static_cast<size_t>(k)]};
-      shard.next[static_cast<size_t>(k)] += rep.num_shards;
-      ++shard.draws;
-    }
-    int64_t len = sample_length(rep.config, id);
-    shard.buffer.push_back({id, 0, len});
-    buffered += len;
-    ++shard.samples_fetched;
-  }
-  shard.pending.erase(shard.pending.begin(), shard.pending.begin() + static_cast<long>(pending_used));
-
-  std::vector<Piece> pieces;
-  int64_t need = want;
-  size_t done = 0;  // buffer entries fully consumed
-  while (need > 0) {
-    BufferedSample& b = shard.buffer[done];
-    int64_t take = std::min(need, b.length - b.offset);
-    pieces.push_back({b.id, b.offset, b.offset + take});
-    b.offset += take;
-    need -= take;
-    if (b.offset == b.length) ++done;
-  }
-  shard.buffer.erase(shard.buffer.begin(), shard.buffer.begin() + static_cast<long>(done));
-  shard.tokens_consumed += want;
-  return pieces;
-}
-
 // ---- reshard -------------------------------------------------------------------------------
 
-namespace {
+namespace detail {
 
 Status check_shards(const ReplicatedState& rep, const std::vector<ShardState>& shards,
                     std::vector<const ShardState*>& by_id) {
@@ -257,14 +104,14 @@ Status check_shards(const ReplicatedState& rep, const std::vector<ShardState>& s
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace detail
 
 Result<Resharded> reshard(const ReplicatedState& rep, const std::vector<ShardState>& old_shards,
                           int64_t new_num_shards) {
   if (new_num_shards < 1)
     return Status(ErrorCode::kInvalidArgument, "reshard: new shard count must be >= 1");
   std::vector<const ShardState*> by_id;
-  H5CKPT_RETURN_IF_ERROR(check_shards(rep, old_shards, by_id));
+  H5CKPT_RETURN_IF_ERROR(detail::check_shards(rep, old_shards, by_id));
 
   Resharded out;
   out.replicated = rep;
@@ -308,104 +155,6 @@ Result<Resharded> reshard(const ReplicatedState& rep, const std::vector<ShardSta
   for (const auto& b : partial) out.shards[j++ % static_cast<size_t>(new_num_shards)].buffer.push_back(b);
   for (const auto& p : pending) out.shards[j++ % static_cast<size_t>(new_num_shards)].pending.push_back(p);
   return out;
-}
-
-// ---- verification --------------------------------------------------------------------------
-
-Status verify_exactly_once(const ReplicatedState& rep, const std::vector<ShardState>& shards,
-                           const std::vector<Piece>& consumed, VerifySummary* summary) {
-  std::vector<const ShardState*> by_id;
-  H5CKPT_RETURN_IF_ERROR(check_shards(rep, shards, by_id));
-  const size_t K = rep.base.size();
-  const int64_t S = rep.num_shards;
-
-  // Consumed prefix per sample; pieces of a sample must tile [0, c).
-  std::map<SampleId, std::vector<std::pair<int64_t, int64_t>>> pieces;
-  int64_t tokens = 0;
-  for (const auto& p : consumed) {
-    if (p.id.source < 0 || static_cast<size_t>(p.id.source) >= K || p.begin < 0 || p.end <= p.begin)
-      return corrupt("malformed consumed piece of " + id_str(p.id));
-    pieces[p.id].push_back({p.begin, p.end});
-    tokens += p.end - p.begin;
-  }
-  std::map<SampleId, int64_t> prefix;
-  for (auto& [id, iv] : pieces) {
-    std::sort(iv.begin(), iv.end());
-    int64_t at = 0;
-    for (const auto& [b, e] : iv) {
-      if (b < at) return corrupt("tokens [" + std::to_string(b) + ", " + std::to_string(std::min(e, at)) +
-                                 ") of " + id_str(id) + " consumed twice");
-      if (b > at) return corrupt("tokens [" + std::to_string(at) + ", " + std::to_string(b) + ") of " +
-                                 id_str(id) + " skipped");
-      at = e;
-    }
-    int64_t len = sample_length(rep.config, id);
-    if (at > len) return corrupt(id_str(id) + " consumed past its length " + std::to_string(len));
-    prefix[id] = at;
-  }
-
-  // Where each not-fully-consumed sample waits.
-  std::map<SampleId, int64_t> buffered;  // id -> offset
-  std::set<SampleId> pending;
-  for (const auto* s : by_id) {
-    for (const auto& b : s->buffer) {
-      if (!buffered.emplace(b.id, b.offset).second) return corrupt(id_str(b.id) + " buffered twice");
-      if (b.length != sample_length(rep.config, b.id))
-        return corrupt(id_str(b.id) + " buffered with a wrong length");
-      auto it = prefix.find(b.id);
-      int64_t c = it == prefix.end() ? 0 : it->second;
-      if (c != b.offset)
-        return corrupt(id_str(b.id) + ": buffer resumes at token " + std::to_string(b.offset) +
-                       " but " + std::to_string(c) + " were consumed");
-    }
-    for (const auto& p : s->pending) {
-      if (!pending.insert(p).second) return corrupt(id_str(p) + " pending twice");
-      if (buffered.count(p)) return corrupt(id_str(p) + " both pending and buffered");
-      if (prefix.count(p)) return corrupt(id_str(p) + " pending but already (partly) consumed");
-    }
-  }
-
-  auto ahead_of_walk = [&](SampleId id) {
-    size_t k = static_cast<size_t>(id.source);
-    if (id.record < rep.base[k]) return false;
-    int64_t owner = (id.record - rep.base[k]) % S;
-    return id.record >= by_id[static_cast<size_t>(owner)]->next[k];
-  };
-  for (const auto& [id, c] : prefix)
-    if (ahead_of_walk(id)) return corrupt(id_str(id) + " consumed but still ahead of a walk (would repeat)");
-  for (const auto& [id, off] : buffered)
-    if (ahead_of_walk(id)) return corrupt(id_str(id) + " buffered but still ahead of a walk");
-  for (const auto& id : pending)
-    if (ahead_of_walk(id)) return corrupt(id_str(id) + " pending but still ahead of a walk");
-
-  // Every record below the furthest walk position must be accounted for.
-  VerifySummary sum;
-  sum.tokens_consumed = tokens;
-  for (size_t k = 0; k < K; ++k) {
-    int64_t top = 0;
-    for (const auto* s : by_id) top = std::max(top, s->next[k]);
-    for (int64_t r = 0; r < top; ++r) {
-      SampleId id{static_cast<int32_t>(k), r};
-      if (ahead_of_walk(id)) continue;
-      if (pending.count(id)) {
-        ++sum.samples_pending;
-        continue;
-      }
-      if (buffered.count(id)) {
-        ++sum.samples_partial;
-        continue;
-      }
-      auto it = prefix.find(id);
-      int64_t len = sample_length(rep.config, id);
-      if (it == prefix.end()) return corrupt(id_str(id) + " lost: never consumed and not pending");
-      if (it->second != len)
-        return corrupt(id_str(id) + " lost tokens [" + std::to_string(it->second) + ", " +
-                       std::to_string(len) + ")");
-      ++sum.samples_complete;
-    }
-  }
-  if (summary) *summary = sum;
-  return Status::Ok();
 }
 
 // ---- serialization -------------------------------------------------------------------------
@@ -539,10 +288,6 @@ RankLoader RankLoader::fresh(const LoaderConfig& config, int dp_size, int dp_ran
   return l;
 }
 
-std::vector<Piece> RankLoader::next_window(int worker) {
-  return loader::next_window(replicated, shards.at(static_cast<size_t>(worker)));
-}
-
 void LoaderCheckpoint::stage_save(StateDict& sd, const RankLoader& loader, int dp_rank) {
   buffers_.clear();
   buffers_[replicated_key()] = serialize(loader.replicated);
@@ -600,102 +345,6 @@ Result<RankLoader> LoaderCheckpoint::finish_load(int dp_size, int dp_rank, int w
   for (int w = 0; w < workers_per_rank; ++w)
     out.shards.push_back(std::move(rs.shards[static_cast<size_t>(dp_rank) * workers_per_rank + w]));
   return out;
-}
-
-// ---- extra states --------------------------------------------------------------------------
-
-uint64_t RngState::next_u64() {
-  ++draws;
-  state += 0x9E3779B97F4A7C15ull;
-  uint64_t z = state;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-RngState derive_rank_rng(uint64_t seed, int64_t step, RankCoords c) {
-  RngState r;
-  r.state = hash4(seed ^ 0x52A4D0ull, static_cast<uint64_t>(step),
-                  (static_cast<uint64_t>(static_cast<uint32_t>(c.tp)) << 32) | static_cast<uint32_t>(c.dp),
-                  static_cast<uint64_t>(static_cast<uint32_t>(c.pp)));
-  r.draws = 0;
-  return r;
-}
-
-std::string rng_key(RankCoords c) {
-  return "extra/rng/tp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp) + "_pp" + std::to_string(c.pp);
-}
-
-float LrSchedulerState::lr(int64_t step) const {
-  if (warmup_steps > 0 && step < warmup_steps)
-    return static_cast<float>(base_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps));
-  if (decay_steps > 0) {
-    double p = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps));
-    return static_cast<float>(min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * p)));
-  }
-  return static_cast<float>(base_lr);
-}
-
-void ExtraStates::stage_save(StateDict& sd, RankCoords coords) {
-  step_buf_ = global_step;
-  sd.add_replicated("extra/global_step", DType::kI64, {1}, &step_buf_);
-  Writer w;
-  w.put(kLrMagic);
-  w.put(scheduler.base_lr);
-  w.put(scheduler.min_lr);
-  w.put(scheduler.warmup_steps);
-  w.put(scheduler.decay_steps);
-  w.put(scheduler.last_step);
-  sched_buf_ = std::move(w.buf);
-  sd.add_bytes("extra/lr_scheduler", sched_buf_.data(), sched_buf_.size());
-  Writer r;
-  r.put(kRngMagic);
-  r.put(rng.state);
-  r.put(rng.draws);
-  rng_buf_ = std::move(r.buf);
-  sd.add_bytes(rng_key(coords), rng_buf_.data(), rng_buf_.size());
-}
-
-Status ExtraStates::stage_load(StateDict& sd, const CheckpointInfo& info, RankCoords coords) {
-  const TensorInfo* step = info.find("extra/global_step");
-  const TensorInfo* sched = info.find("extra/lr_scheduler");
-  if (!step || !sched) return Status(ErrorCode::kNotFound, "checkpoint has no extra/global_step or extra/lr_scheduler");
-  if (step->dtype != DType::kI64 || step->shape != Shape{1}) return corrupt("extra/global_step is not int64[1]");
-  if (sched->shape.size() != 1) return corrupt("extra/lr_scheduler is not a byte blob");
-  sd.add_replicated("extra/global_step", DType::kI64, {1}, &step_buf_);
-  sched_buf_.assign(static_cast<size_t>(sched->shape[0]), 0);
-  sd.add_bytes("extra/lr_scheduler", sched_buf_.data(), sched_buf_.size());
-  const TensorInfo* rng_item = info.find(rng_key(coords));
-  rng_staged_ = rng_item && rng_item->shape.size() == 1;
-  if (rng_staged_) {
-    rng_buf_.assign(static_cast<size_t>(rng_item->shape[0]), 0);
-    sd.add_bytes(rng_key(coords), rng_buf_.data(), rng_buf_.size());
-  }
-  return Status::Ok();
-}
-
-Result<bool> ExtraStates::finish_load(uint64_t seed, RankCoords coords) {
-  global_step = step_buf_;
-  Reader s(sched_buf_.data(), sched_buf_.size());
-  if (s.get<uint64_t>() != kLrMagic) return corrupt("extra/lr_scheduler: bad magic");
-  LrSchedulerState st;
-  st.base_lr = s.get<double>();
-  st.min_lr = s.get<double>();
-  st.warmup_steps = s.get<int64_t>();
-  st.decay_steps = s.get<int64_t>();
-  st.last_step = s.get<int64_t>();
-  if (!s.ok() || !s.at_end()) return corrupt("extra/lr_scheduler: truncated");
-  scheduler = st;
-  if (!rng_staged_) {
-    rng = derive_rank_rng(seed, global_step, coords);
-    return false;
-  }
-  Reader r(rng_buf_.data(), rng_buf_.size());
-  if (r.get<uint64_t>() != kRngMagic) return corrupt(rng_key(coords) + ": bad magic");
-  rng.state = r.get<uint64_t>();
-  rng.draws = r.get<uint64_t>();
-  if (!r.ok() || !r.at_end()) return corrupt(rng_key(coords) + ": truncated");
-  return true;
 }
 
 }  // namespace h5ckpt::loader

@@ -1,10 +1,15 @@
-// Pure load planning for zero-redundancy loading: identical requests from several ranks (DP
-// replicas of the same shard) are read from storage by one of them and sent to the others.
+// Pure load planning (no MPI, no HDF5). Zero-redundancy loading: identical requests from several
+// ranks (DP replicas of one shard) are read from storage by one of them and sent to the others.
+// The coordinator turns every rank's requests into groups and roles (plan_load, assign_roles);
+// each rank turns its roles into ReadItems (plan_rank_load), which the engine only executes.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "h5ckpt/types.h"
+#include "planner/save_planner.h"
 
 namespace h5ckpt::planner {
 
@@ -13,6 +18,17 @@ struct LoadRequest {
   std::string signature;  ///< key, dtype, global shape, shard, options: anything that changes the bytes
   uint64_t bytes = 0;
 };
+
+/// One of a rank's items as load planning sees it.
+struct LoadWant {
+  ItemDesc desc;
+  bool on_device = false;  ///< destination in device memory (groups never mix host and device)
+  bool pad = false;        ///< allow_shape_mismatch: a stored shape of the same rank is accepted
+  bool skip = false;       ///< not in the checkpoint (non-strict loads): nothing is planned for it
+};
+
+/// The request of a wanted item: identical bytes <=> identical signature.
+LoadRequest make_request(const LoadWant& want);
 
 /// The ranks wanting identical bytes, and the one that reads them.
 struct LoadGroup {
@@ -34,5 +50,61 @@ struct LoadPlan {
 /// first, each to its least-loaded member), so storage reads are balanced and every byte is read
 /// from storage once per job. With `deduplicate` false every request is its own group.
 LoadPlan plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool deduplicate = true);
+
+/// What one rank does for one of its items in a load.
+enum class Role : int32_t { kSkip = 0, kRead = 1, kReceive = 2 };
+struct ItemRole {
+  Role role = Role::kSkip;
+  int32_t group = 0;             ///< orders messages; both sides walk groups in ascending order
+  int32_t peer = -1;             ///< kReceive: the reader
+  std::vector<int32_t> targets;  ///< kRead: ranks to send the bytes to
+  bool operator==(const ItemRole&) const = default;
+};
+
+/// Every rank's roles (index: rank, then item) from a plan. `item_of[r][k]` is the item index of
+/// rank r's request k (requests leave out skipped items); `items[r]` is rank r's item count.
+std::vector<std::vector<ItemRole>> assign_roles(const LoadPlan& plan, const std::vector<std::vector<int>>& item_of,
+                                                const std::vector<size_t>& items);
+
+/// A stored tensor as load planning needs it.
+struct StoredTensor {
+  DType dtype = DType::kF32;
+  Shape shape;
+  int64_t file_offset = -1;  ///< start of the contiguous dataset in the data file; -1: empty tensor
+};
+
+/// One step of a rank's load, as plain data: where the bytes of one destination item come from.
+struct ReadItem {
+  int item = -1;  ///< index into the rank's items: the destination buffer
+  Role role = Role::kSkip;
+  int group = 0;                ///< identical-bytes group; orders and tags the messages
+  int reader = -1;              ///< kReceive: the rank that reads the bytes and sends them here
+  std::vector<int> receivers;   ///< kRead: ranks the bytes are sent to once read
+  bool on_device = false;       ///< destination in device memory
+  uint64_t bytes = 0;           ///< destination bytes
+  StoredTensor stored;          ///< kRead: the dataset read from
+  std::vector<Box> boxes;       ///< kRead: parts of the dataset read (global coordinates)
+  bool zero_fill = false;       ///< kRead: stored shape differs; the buffer is zeroed before the reads
+};
+
+/// A rank's load plan.
+struct RankLoadPlan {
+  std::vector<ReadItem> items;  ///< every non-skipped item, in group order
+  std::vector<int> skipped;     ///< items not in the checkpoint (non-strict loads)
+  /// The kRead entries of `items` in the order to read them: file order when `file_order`
+  /// (the kernel's read-ahead then sees one forward stream), else group order.
+  std::vector<size_t> read_order;
+  /// One line per item, for logs and tests.
+  std::string describe(const std::vector<LoadWant>& wants) const;
+};
+
+/// The parts of a stored tensor an item's shard reads: its boxes, cut to the stored shape when a
+/// padded item's shape differs (the rest of the buffer is zeroed, the surplus dropped).
+std::vector<Box> wanted_boxes(const StoredTensor& stored, const LoadWant& want);
+
+/// Turns this rank's roles into ReadItems. `stored[i]` is item i's dataset (unused for skipped
+/// items). `file_order`: read in file order (needs tags that tell groups apart).
+RankLoadPlan plan_rank_load(const std::vector<ItemRole>& roles, const std::vector<LoadWant>& wants,
+                            const std::vector<StoredTensor>& stored, bool file_order);
 
 }  // namespace h5ckpt::planner

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <queue>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "planner/box_math.h"
@@ -187,13 +188,45 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
       if (plan.bytes_by_rank[h.rank] < plan.bytes_by_rank[best->rank]) best = &h;
     plan.tensors[j.tensor].regions[j.region].writer = best->rank;
     plan.bytes_by_rank[best->rank] += j.bytes;
-    plan.by_rank[best->rank].push_back(WriteAssignment{j.tensor, j.region, best->item});
   }
-  for (auto& v : plan.by_rank)
-    std::sort(v.begin(), v.end(), [](const WriteAssignment& a, const WriteAssignment& b) {
-      return a.tensor != b.tensor ? a.tensor < b.tensor : a.region < b.region;
-    });
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    H5CKPT_ASSIGN_OR_RETURN(plan.by_rank[r], plan_writes(static_cast<int>(r), plan.tensors, ranks[r], UINT64_MAX));
+  }
   return plan;
+}
+
+Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
+                                           const std::vector<ItemDesc>& items, uint64_t max_bytes) {
+  std::unordered_map<std::string_view, int> item_of;
+  item_of.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) item_of.emplace(items[i].key, static_cast<int>(i));
+  std::vector<WriteItem> out;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const uint64_t es = dtype_size(tensors[t].dtype);
+    const int64_t per = static_cast<int64_t>(std::clamp<uint64_t>(max_bytes / es, 1, INT64_MAX));
+    for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
+      const PlannedRegion& reg = tensors[t].regions[r];
+      if (reg.writer != rank) continue;
+      auto found = item_of.find(tensors[t].key);
+      if (found == item_of.end() || !(items[found->second].shard == reg.shard))
+        return Status(ErrorCode::kInternal, "key '" + tensors[t].key + "': rank " + std::to_string(rank) +
+                                                " was chosen to write a region it does not hold");
+      const int item = found->second;
+      const int64_t n = reg.shard.numel();
+      if (n <= per) {  // the common case: the region in one write, as planned
+        out.push_back(WriteItem{(int)t, (int)r, item, reg.shard, 0, static_cast<uint64_t>(n) * es, true});
+        continue;
+      }
+      // A large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
+      const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
+      for (int64_t b = 0; b < n; b += per) {
+        const int64_t e = std::min(n, b + per);
+        out.push_back(WriteItem{(int)t, (int)r, item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
+                                static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace h5ckpt::planner

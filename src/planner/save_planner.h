@@ -32,17 +32,23 @@ struct TensorPlan {
   std::vector<PlannedRegion> regions;  ///< disjoint, covering the whole tensor
 };
 
-/// What one rank writes: region `region` of tensor `tensor`, from its local item `item`.
-struct WriteAssignment {
-  int tensor = -1;
-  int region = -1;
-  int item = -1;
+/// One write a rank performs, as plain data: a region of the plan, or a flat sub-range of its
+/// box when the region is larger than the piece limit. The dataset's file offset is known only
+/// once HDF5 has created it, so the engine looks it up by `tensor`.
+struct WriteItem {
+  int tensor = -1;          ///< index into the plan's tensors
+  int region = -1;          ///< index into that tensor's regions
+  int item = -1;            ///< index into the writer's own items: the source buffer
+  ShardSpec box;            ///< the elements written (in the dataset's global coordinates)
+  uint64_t src_offset = 0;  ///< byte offset of the first element in the source buffer
+  uint64_t bytes = 0;
+  bool region_end = true;   ///< the last write of its region (the region's checksum is complete)
 };
 
 struct SavePlan {
-  std::vector<TensorPlan> tensors;                    ///< sorted by key
-  std::vector<std::vector<WriteAssignment>> by_rank;  ///< index = rank
-  std::vector<uint64_t> bytes_by_rank;                ///< bytes each rank writes
+  std::vector<TensorPlan> tensors;              ///< sorted by key
+  std::vector<std::vector<WriteItem>> by_rank;  ///< index = rank; what plan_writes gives each rank
+  std::vector<uint64_t> bytes_by_rank;          ///< bytes each rank writes
 };
 
 /// Checks a key's syntax: non-empty, letters/digits/"_.-/", no empty component, not under "meta".
@@ -54,5 +60,12 @@ Status validate_key(const std::string& key);
 /// and they cover each tensor completely. Identical regions (replicas) are written once, each
 /// by one of its holders chosen worst-fit by bytes so the write work is balanced.
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks);
+
+/// The writes of `rank` in a global plan: every region it was chosen to write, found in its own
+/// `items` by key, in plan order (tensor, region, offset), each at most `max_bytes` (regions above
+/// that become consecutive flat sub-ranges). Items missing or differing from the planned region
+/// are a planning bug and reported as kInternal.
+Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
+                                           const std::vector<ItemDesc>& items, uint64_t max_bytes);
 
 }  // namespace h5ckpt::planner

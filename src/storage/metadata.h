@@ -4,15 +4,16 @@
 
 #include <string>
 
-#include "h5ckpt/checkpointer.h"
+#include "h5ckpt/checkpoint_info.h"
 
 namespace h5ckpt::storage {
 
 inline constexpr int kFormatVersion = 1;
 inline constexpr const char* kFormatName = "h5ckpt";
-inline constexpr const char* kDataFileName = "data.h5";
-inline constexpr const char* kMetadataFileName = "metadata.json";
-inline constexpr const char* kLatestFileName = "latest";
+// The file names are public (h5ckpt/checkpoint_info.h); storage code keeps its short names.
+using h5ckpt::kDataFileName;
+using h5ckpt::kLatestFileName;
+using h5ckpt::kMetadataFileName;
 
 /// Serializes `info` (paths excluded) as compact JSON carrying its own xxh3 ("index_xxh3").
 std::string metadata_to_json(const CheckpointInfo& info);

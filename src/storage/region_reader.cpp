@@ -130,4 +130,10 @@ Status RegionReader::read(const TensorInfo& t, const Box& region, const planner:
   return flush();
 }
 
+Status RegionReader::read_shard(const TensorInfo& t, const ShardSpec& shard, DType dst_type, void* dst) {
+  const planner::Frame frame = planner::frame_of(shard);
+  for (const Box& b : planner::shard_boxes(shard)) H5CKPT_RETURN_IF_ERROR(read(t, b, frame, dst_type, dst));
+  return Status::Ok();
+}
+
 }  // namespace h5ckpt::storage

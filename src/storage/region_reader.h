@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "h5ckpt/checkpointer.h"
+#include "h5ckpt/checkpoint_info.h"
 #include "planner/box_math.h"
 
 namespace h5ckpt::storage {
@@ -26,6 +26,11 @@ class RegionReader {
   /// it differs from the stored dtype; both must then be float types).
   Status read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
 
+  /// Reads the part of `t` that `shard` names (a box, or a flat range of one) into `dst`, laid
+  /// out as that shard's buffer: shard.numel() elements of `dst_type`. The shard must lie inside
+  /// the tensor (ShardSpec::validate). The one "read a shard's boxes" loop of the library.
+  Status read_shard(const TensorInfo& t, const ShardSpec& shard, DType dst_type, void* dst);
+
   /// Reads file bytes [off, off + len) into buf; a short file is reported as truncated.
   Status read_bytes(void* buf, uint64_t len, uint64_t off) { return pread_exact(buf, len, off); }
 
@@ -38,5 +43,15 @@ class RegionReader {
   std::string path_;
   std::vector<char> bounce_;
 };
+
+/// A checkpoint opened for reading: its validated metadata and its data file.
+struct OpenedCheckpoint {
+  CheckpointInfo info;
+  RegionReader reader;
+};
+
+/// Resolves `path` (a checkpoint, or a directory whose `latest` names one), reads its metadata
+/// and validates it against the data file, which stays open for the reads that follow.
+Result<OpenedCheckpoint> open_checkpoint(const std::string& path);
 
 }  // namespace h5ckpt::storage

@@ -10,9 +10,6 @@
 #include <iostream>
 #include <sstream>
 
-#include "planner/box_math.h"
-#include "util/checked_math.h"
-
 namespace h5ckpt::cli {
 
 int exit_for(const Status& st) {
@@ -115,15 +112,9 @@ int64_t chunk_elements(DType as, uint64_t chunk_bytes) {
   return std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes / dtype_size(as)));
 }
 
-Status read_flat(storage::RegionReader& reader, const TensorInfo& t, int64_t begin, int64_t end, DType as,
-                 void* dst) {
-  const Box whole{Shape(t.shape.size(), 0), t.shape};
-  // The buffer is the flattening [begin, end) of the whole tensor; decompose_flat yields boxes
-  // (row tails, full row blocks, row heads) that together cover exactly that range.
-  const planner::Frame frame{whole, begin};
-  for (const Box& b : planner::decompose_flat(whole, begin, end))
-    H5CKPT_RETURN_IF_ERROR(reader.read(t, b, frame, as, dst));
-  return Status::Ok();
+Status read_flat(CheckpointReader& reader, const TensorInfo& t, int64_t begin, int64_t end, DType as, void* dst) {
+  // The buffer is the flattening [begin, end) of the whole tensor: a flat-range shard of it.
+  return reader.read_shard(t.key, ShardSpec::flat_range(ShardSpec::whole(t.shape).box, begin, end), as, dst);
 }
 
 // ---- output ----------------------------------------------------------------------------------
@@ -147,7 +138,7 @@ std::string shape_str(const Shape& s) {
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + "]";
 }
-std::string spec_str(const ShardSpec& s) { return to_string_spec(s); }
+std::string spec_str(const ShardSpec& s) { return region_to_string(s); }
 
 Table::Table(std::vector<std::string> header, std::vector<bool> right_align)
     : header_(std::move(header)), right_(std::move(right_align)) {

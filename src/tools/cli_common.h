@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "h5ckpt/checkpointer.h"
-#include "storage/region_reader.h"
+#include "h5ckpt/reader.h"
 
 namespace h5ckpt::cli {
 
@@ -78,8 +78,7 @@ inline constexpr uint64_t kDefaultChunkBytes = 64ull << 20;
 
 /// Reads elements [begin, end) of the row-major flattening of tensor `t` into `dst` (end-begin
 /// elements of dtype `as`; a float `as` converts from a float stored dtype).
-Status read_flat(storage::RegionReader& reader, const TensorInfo& t, int64_t begin, int64_t end, DType as,
-                 void* dst);
+Status read_flat(CheckpointReader& reader, const TensorInfo& t, int64_t begin, int64_t end, DType as, void* dst);
 /// Number of elements of `t` per chunk of at most `chunk_bytes` (at least 1).
 int64_t chunk_elements(DType as, uint64_t chunk_bytes);
 int64_t numel_of(const Shape& shape);

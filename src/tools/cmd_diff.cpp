@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "tools/cli_common.h"
-#include "util/dtype_convert.h"
 
 namespace h5ckpt::cli {
 
@@ -38,7 +37,7 @@ void to_double(const char* src, DType t, int64_t n, double* out) {
   switch (t) {
     case DType::kF64: std::memcpy(out, src, static_cast<size_t>(n) * 8); return;
     case DType::kF32: case DType::kF16: case DType::kBF16: case DType::kF8E4M3: case DType::kF8E5M2:
-      detail::convert_elements(src, t, out, DType::kF64, static_cast<size_t>(n));
+      (void)convert_elements(src, t, out, DType::kF64, static_cast<size_t>(n));  // float to f64: cannot fail
       return;
     default: break;
   }
@@ -55,8 +54,8 @@ void to_double(const char* src, DType t, int64_t n, double* out) {
 }
 
 // Compares one tensor present in both checkpoints.
-Status compare_tensor(const DiffArgs& args, storage::RegionReader& ra, const TensorInfo& ta,
-                      storage::RegionReader& rb, const TensorInfo& tb, TensorDiff* d) {
+Status compare_tensor(const DiffArgs& args, CheckpointReader& ra, const TensorInfo& ta, CheckpointReader& rb,
+                      const TensorInfo& tb, TensorDiff* d) {
   if (ta.shape != tb.shape) {
     d->problem = "shape " + shape_str(ta.shape) + " vs " + shape_str(tb.shape);
     return Status::Ok();
@@ -110,14 +109,12 @@ int run_diff(const DiffArgs& args) {
     std::cerr << "h5ckpt: diff: --rtol and --atol must be >= 0\n";
     return kExitError;
   }
-  auto ia = read_checkpoint_info(args.a);
-  if (!ia.ok()) return print_error("cannot read A '" + args.a + "'", ia.status()), kExitError;
-  auto ib = read_checkpoint_info(args.b);
-  if (!ib.ok()) return print_error("cannot read B '" + args.b + "'", ib.status()), kExitError;
-  auto ra = storage::RegionReader::open(ia->data_file);
-  if (!ra.ok()) return print_error("diff", ra.status()), kExitError;
-  auto rb = storage::RegionReader::open(ib->data_file);
-  if (!rb.ok()) return print_error("diff", rb.status()), kExitError;
+  auto ra = CheckpointReader::open(args.a);
+  if (!ra.ok()) return print_error("cannot read A '" + args.a + "'", ra.status()), kExitError;
+  auto rb = CheckpointReader::open(args.b);
+  if (!rb.ok()) return print_error("cannot read B '" + args.b + "'", rb.status()), kExitError;
+  const CheckpointInfo* ia = &ra->info();
+  const CheckpointInfo* ib = &rb->info();
 
   std::vector<std::string> only_a, only_b;
   std::vector<TensorDiff> diffs;

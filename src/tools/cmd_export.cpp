@@ -73,10 +73,9 @@ int run_export(const ExportArgs& a) {
     std::cerr << "h5ckpt: export: '" << a.out << "' exists (pass --overwrite to replace it)\n";
     return kExitError;
   }
-  auto info = read_checkpoint_info(a.path);
-  if (!info.ok()) return print_error("cannot read '" + a.path + "'", info.status()), exit_for(info.status());
-  auto reader = storage::RegionReader::open(info->data_file);
-  if (!reader.ok()) return print_error("export", reader.status()), kExitError;
+  auto reader = CheckpointReader::open(a.path);
+  if (!reader.ok()) return print_error("cannot read '" + a.path + "'", reader.status()), exit_for(reader.status());
+  const CheckpointInfo* info = &reader->info();
 
   // Header first: names, dtypes, shapes and offsets are known from the metadata alone.
   std::vector<const TensorInfo*> selected;

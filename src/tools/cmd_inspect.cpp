@@ -5,8 +5,6 @@
 #include <iostream>
 #include <memory>
 
-#include "storage/commit.h"
-#include "storage/metadata.h"
 #include "tools/cli_common.h"
 
 namespace h5ckpt::cli {
@@ -119,28 +117,22 @@ struct Entry {
 };
 
 int inspect_directory(const InspectArgs& a, const std::string& dir) {
-  std::string latest;
-  const fs::path latest_file = fs::path(dir) / storage::kLatestFileName;
-  std::error_code ec;
-  if (fs::exists(latest_file, ec)) {
-    auto text = storage::read_whole_file(latest_file.string());
-    if (text.ok()) {
-      latest = *text;
-      while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
-    }
+  auto listing = list_checkpoints(dir);
+  if (!listing.ok()) {
+    print_error("inspect", listing.status());
+    return kExitError;
   }
+  const std::string& latest = listing->latest;
   std::vector<Entry> entries;
-  for (const auto& de : fs::directory_iterator(dir, ec)) {
-    if (!de.is_directory(ec)) continue;
+  for (const CheckpointDirEntry& d : listing->checkpoints) {
     Entry e;
-    e.name = de.path().filename().string();
-    e.latest = !latest.empty() && e.name == latest;
-    if (storage::is_temp_name(e.name)) {
+    e.name = d.name;
+    e.latest = d.latest;
+    if (d.in_progress) {
       e.status = "uncommitted";
       e.error = "in-progress save that never committed";
-    } else if (fs::exists(de.path() / storage::kMetadataFileName, ec) ||
-               fs::exists(de.path() / storage::kDataFileName, ec)) {
-      auto info = read_checkpoint_info(de.path().string());
+    } else {
+      auto info = read_checkpoint_info(d.path);
       if (info.ok()) {
         e.status = "committed";
         e.step = info->step;
@@ -150,14 +142,8 @@ int inspect_directory(const InspectArgs& a, const std::string& dir) {
         e.status = info.status().code() == ErrorCode::kNotCommitted ? "uncommitted" : "broken";
         e.error = info.status().to_string();
       }
-    } else {
-      continue;  // not a checkpoint (logs, other files)
     }
     entries.push_back(std::move(e));
-  }
-  if (ec) {
-    print_error("cannot list '" + dir + "'", Status(ErrorCode::kIo, ec.message()));
-    return kExitError;
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) { return natural_less(x.name, y.name); });
   const bool latest_found =
@@ -205,9 +191,7 @@ int run_inspect(const InspectArgs& a) {
     print_error("inspect", Status(ErrorCode::kNotFound, "'" + a.path + "' does not exist"));
     return kExitError;
   }
-  const bool single = fs::exists(fs::path(a.path) / storage::kMetadataFileName, ec) ||
-                      fs::exists(fs::path(a.path) / storage::kDataFileName, ec) || storage::is_temp_name(a.path);
-  if (single || a.latest || !fs::is_directory(a.path, ec)) return inspect_checkpoint(a, a.path);
+  if (is_checkpoint_dir(a.path) || a.latest || !fs::is_directory(a.path, ec)) return inspect_checkpoint(a, a.path);
   return inspect_directory(a, a.path);
 }
 

@@ -1,5 +1,6 @@
 // `h5ckpt report PATH [--out FILE.html]`: heat map, per-rank breakdown and stragglers of the
-// metrics a save/load wrote (rendering in report_render.cpp).
+// metrics a save/load wrote (report_model: parsing, report_stats: stragglers, report_text and
+// report_html: the two renderings).
 #include "tools/cmd_report.h"
 
 #include <filesystem>
@@ -8,7 +9,10 @@
 #include <memory>
 
 #include "tools/cli_common.h"
-#include "tools/report_render.h"
+#include "tools/report_html.h"
+#include "tools/report_model.h"
+#include "tools/report_stats.h"
+#include "tools/report_text.h"
 
 namespace h5ckpt::cli {
 

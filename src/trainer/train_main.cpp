@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "extras/synthetic_loader.h"
 #include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "h5ckpt/loader_state.h"
@@ -274,7 +275,7 @@ int verify_ledger(Options& o, int world) {
   auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
   if (!all_ok(rep.status(), "load")) return 1;
   Status st;
-  loader::VerifySummary sum;
+  extras::VerifySummary sum;
   size_t n_pieces = 0;
   if (g_rank == 0) {
     auto lr = lc.saved_replicated();
@@ -287,7 +288,7 @@ int verify_ledger(Options& o, int world) {
       std::vector<loader::Piece> pieces;
       for (const auto& e : *entries) pieces.push_back(e.piece);
       n_pieces = pieces.size();
-      st = loader::verify_exactly_once(*lr, *shards, pieces, &sum);
+      st = extras::verify_exactly_once(*lr, *shards, pieces, &sum);
     }
   }
   if (!all_ok(st, "exactly-once check of '" + o.verify_ledger + "' against " + info->path)) return 1;

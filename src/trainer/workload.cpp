@@ -7,6 +7,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "extras/synthetic_loader.h"
+
 namespace h5ckpt::workload {
 
 // ---- numerics ------------------------------------------------------------------------------
@@ -166,11 +168,11 @@ Workload::Workload(const TrainConfig& cfg, const Topology& topo)
     locals_.push_back(std::move(t));
   }
   loader_ = loader::RankLoader::fresh(
-      loader::LoaderConfig::default_config(cfg.seed, cfg.loader_workers, cfg.context_len), cfg.sizes.dp,
+      extras::default_loader_config(cfg.seed, cfg.loader_workers, cfg.context_len), cfg.sizes.dp,
       coords_.dp);
   extras_.global_step = 0;
-  extras_.scheduler = loader::LrSchedulerState{1e-2, 1e-2, 0, 0, 0};
-  extras_.rng = loader::derive_rank_rng(cfg.seed, 0, coords_);
+  extras_.scheduler = extras::LrSchedulerState{1e-2, 1e-2, 0, 0, 0};
+  extras_.rng = extras::derive_rank_rng(cfg.seed, 0, coords_);
 }
 
 uint64_t Workload::local_state_bytes() const {
@@ -223,7 +225,7 @@ void Workload::allgather_params(Local& t) {
 std::vector<loader::Piece> Workload::train_step() {
   const int64_t step = extras_.global_step + 1;
   const int workers = static_cast<int>(loader_.shards.size());
-  std::vector<loader::Piece> pieces = loader_.next_window(static_cast<int>((step - 1) % workers));
+  std::vector<loader::Piece> pieces = extras::next_window(loader_, static_cast<int>((step - 1) % workers));
   extras_.rng.next_u64();  // e.g. a dropout seed; the elementwise update does not use it
   const float lr = extras_.scheduler.lr(step - 1);
   extras_.scheduler.last_step = step;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "extras/extra_states.h"
 #include "h5ckpt/checkpointer.h"
 #include "h5ckpt/loader_state.h"
 #include "h5ckpt/state.h"
@@ -112,7 +113,7 @@ class Workload {
   std::vector<Local> locals_;
   loader::RankLoader loader_;
   loader::LoaderCheckpoint loader_ckpt_;
-  loader::ExtraStates extras_;
+  extras::ExtraStates extras_;
   int64_t opt_step_ = 0;
   bool rng_restored_ = false;
 };

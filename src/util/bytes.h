@@ -1,4 +1,4 @@
-// Tiny bounds-checked binary serialization for plans and descriptors sent over MPI.
+// Tiny bounds-checked binary serialization; the message formats themselves live in engine/wire.h.
 #pragma once
 
 #include <cstdint>
@@ -44,19 +44,26 @@ class ByteReader {
     p_ += sizeof(T);
     return v;
   }
+  /// A count of elements of `min_elem_bytes` bytes or more that follow: a count the remaining
+  /// bytes cannot hold fails the reader (never masked, never a huge allocation).
+  uint64_t get_count(size_t min_elem_bytes) {
+    const uint64_t n = get<uint64_t>();
+    if (!ok_ || n > static_cast<uint64_t>(end_ - p_) / (min_elem_bytes ? min_elem_bytes : 1)) {
+      ok_ = false;
+      return 0;
+    }
+    return n;
+  }
   std::string get_string() {
-    uint64_t n = get<uint64_t>();
+    uint64_t n = get_count(1);
     if (!need(n)) return {};
     std::string s(p_, n);
     p_ += n;
     return s;
   }
   std::vector<int64_t> get_vec() {
-    uint64_t n = get<uint64_t>();
-    if (n > 1u << 20 || !need(n * sizeof(int64_t))) {
-      ok_ = false;
-      return {};
-    }
+    const uint64_t n = get_count(sizeof(int64_t));
+    if (!ok_) return {};
     std::vector<int64_t> v(n);
     std::memcpy(v.data(), p_, n * sizeof(int64_t));
     p_ += n * sizeof(int64_t);

@@ -1,0 +1,230 @@
+#include "engine/wire.h"
+
+#include "comm/comm.h"
+#include "util/bytes.h"
+
+namespace h5ckpt::engine::wire {
+
+namespace {
+
+// Smallest encodings, which bound every count a decoder accepts.
+constexpr size_t kMinItemBytes = 8 + 1 + 8 + 8 + 8 + 1;
+constexpr size_t kMinTensorBytes = 8 + 1 + 8 + 8;
+constexpr size_t kMinRegionBytes = 8 + 8 + 1 + 4;
+constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
+constexpr size_t kMinRequestBytes = 1 + 8 + 8;  // flags, signature length, bytes
+constexpr size_t kChecksumBytes = 4 + 4 + 8;
+
+void put_shard(ByteWriter& w, const ShardSpec& s) {
+  w.put_vec(s.box.offset);
+  w.put_vec(s.box.shape);
+  w.put<uint8_t>(s.flat ? 1 : 0);
+  if (s.flat) {
+    w.put<int64_t>(s.flat->first);
+    w.put<int64_t>(s.flat->second);
+  }
+}
+
+ShardSpec get_shard(ByteReader& r) {
+  ShardSpec s;
+  s.box.offset = r.get_vec();
+  s.box.shape = r.get_vec();
+  if (r.get<uint8_t>()) {
+    const int64_t b = r.get<int64_t>();
+    const int64_t e = r.get<int64_t>();
+    s.flat = std::make_pair(b, e);
+  }
+  return s;
+}
+
+DType get_dtype(ByteReader& r, bool* bad) {
+  const uint8_t v = r.get<uint8_t>();
+  if (v > static_cast<uint8_t>(DType::kBool)) *bad = true;
+  return static_cast<DType>(v);
+}
+
+Status malformed(const char* what) {
+  return Status(ErrorCode::kInternal, std::string("malformed ") + what + " message");
+}
+
+}  // namespace
+
+std::string encode_items(const std::vector<planner::ItemDesc>& items) {
+  ByteWriter w;
+  w.put<uint64_t>(items.size());
+  for (const auto& it : items) {
+    w.put_string(it.key);
+    w.put<uint8_t>(static_cast<uint8_t>(it.dtype));
+    w.put_vec(it.global_shape);
+    put_shard(w, it.shard);
+  }
+  return std::move(w.str());
+}
+
+Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
+  ByteReader r(bytes);
+  bool bad = false;
+  std::vector<planner::ItemDesc> items(r.get_count(kMinItemBytes));
+  for (auto& it : items) {
+    it.key = r.get_string();
+    it.dtype = get_dtype(r, &bad);
+    it.global_shape = r.get_vec();
+    it.shard = get_shard(r);
+    if (!r.ok()) break;
+  }
+  if (bad || !r.ok() || !r.at_end()) return malformed("item list");
+  return items;
+}
+
+std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors) {
+  ByteWriter w;
+  w.put<uint64_t>(tensors.size());
+  for (const auto& t : tensors) {
+    w.put_string(t.key);
+    w.put<uint8_t>(static_cast<uint8_t>(t.dtype));
+    w.put_vec(t.shape);
+    w.put<uint64_t>(t.regions.size());
+    for (const auto& reg : t.regions) {
+      put_shard(w, reg.shard);
+      w.put<int32_t>(reg.writer);
+    }
+  }
+  return std::move(w.str());
+}
+
+Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes) {
+  ByteReader r(bytes);
+  bool bad = false;
+  std::vector<planner::TensorPlan> tensors(r.get_count(kMinTensorBytes));
+  for (auto& t : tensors) {
+    t.key = r.get_string();
+    t.dtype = get_dtype(r, &bad);
+    t.shape = r.get_vec();
+    t.regions.resize(r.get_count(kMinRegionBytes));
+    for (auto& reg : t.regions) {
+      reg.shard = get_shard(r);
+      reg.writer = r.get<int32_t>();
+    }
+    if (!r.ok()) break;
+  }
+  if (bad || !r.ok() || !r.at_end()) return malformed("save plan");
+  return tensors;
+}
+
+std::string encode_requests(const std::vector<LoadRequestEntry>& requests) {
+  ByteWriter w;
+  w.put<uint64_t>(requests.size());
+  for (const auto& q : requests) {
+    w.put<uint8_t>((q.skip ? 1 : 0) | (q.on_device ? 2 : 0));
+    w.put_string(q.skip ? std::string() : q.request.signature);
+    w.put<uint64_t>(q.request.bytes);
+  }
+  return std::move(w.str());
+}
+
+Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<LoadRequestEntry> out(r.get_count(kMinRequestBytes));
+  for (auto& q : out) {
+    const uint8_t flags = r.get<uint8_t>();
+    q.skip = (flags & 1) != 0;
+    q.on_device = (flags & 2) != 0;
+    q.request.signature = r.get_string();
+    q.request.bytes = r.get<uint64_t>();
+    if (!r.ok()) break;
+  }
+  if (!r.ok() || !r.at_end()) return malformed("load request");
+  return out;
+}
+
+std::string encode_roles(const std::vector<planner::ItemRole>& roles) {
+  ByteWriter w;
+  w.put<uint64_t>(roles.size());
+  for (const auto& x : roles) {
+    w.put<int32_t>(static_cast<int32_t>(x.role));
+    w.put<int32_t>(x.group);
+    w.put<int32_t>(x.peer);
+    w.put<uint64_t>(x.targets.size());
+    for (int32_t t : x.targets) w.put<int32_t>(t);
+  }
+  return std::move(w.str());
+}
+
+Result<std::vector<planner::ItemRole>> decode_roles(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<planner::ItemRole> roles(r.get_count(kMinRoleBytes));
+  bool bad = false;
+  for (auto& x : roles) {
+    const int32_t role = r.get<int32_t>();
+    bad = bad || role < 0 || role > static_cast<int32_t>(planner::Role::kReceive);
+    x.role = static_cast<planner::Role>(role);
+    x.group = r.get<int32_t>();
+    x.peer = r.get<int32_t>();
+    x.targets.resize(r.get_count(sizeof(int32_t)));
+    for (auto& t : x.targets) t = r.get<int32_t>();
+    if (!r.ok()) break;
+  }
+  if (bad || !r.ok() || !r.at_end()) return malformed("load plan");
+  return roles;
+}
+
+std::string encode_checksums(const std::vector<RegionChecksum>& sums) {
+  ByteWriter w;
+  w.put<uint64_t>(sums.size());
+  for (const auto& s : sums) {
+    w.put<int32_t>(s.tensor);
+    w.put<int32_t>(s.region);
+    w.put<uint64_t>(s.xxh3);
+  }
+  return std::move(w.str());
+}
+
+Result<std::vector<RegionChecksum>> decode_checksums(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<RegionChecksum> sums(r.get_count(kChecksumBytes));
+  for (auto& s : sums) {
+    s.tensor = r.get<int32_t>();
+    s.region = r.get<int32_t>();
+    s.xxh3 = r.get<uint64_t>();
+  }
+  if (!r.ok() || !r.at_end()) return malformed("checksum");
+  return sums;
+}
+
+std::string encode_pair(const std::string& first, const std::string& second) {
+  ByteWriter w;
+  w.put_string(first);
+  w.put_string(second);
+  return std::move(w.str());
+}
+
+Result<std::pair<std::string, std::string>> decode_pair(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::string a = r.get_string();
+  std::string b = r.get_string();
+  if (!r.ok() || !r.at_end()) return malformed("two-string");
+  return std::make_pair(std::move(a), std::move(b));
+}
+
+Result<std::string> bcast_outcome(const Result<std::string>& on_root, int root, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string msg;
+  if (rank == root) {
+    ByteWriter w;
+    w.put<int32_t>(static_cast<int32_t>(on_root.status().code()));
+    w.put_string(on_root.ok() ? std::string() : on_root.status().message());
+    w.put_string(on_root.ok() ? *on_root : std::string());
+    msg = std::move(w.str());
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(msg, root, comm));
+  ByteReader r(msg);
+  const auto code = static_cast<ErrorCode>(r.get<int32_t>());
+  std::string text = r.get_string();
+  std::string payload = r.get_string();
+  if (!r.ok() || !r.at_end()) return malformed("broadcast");
+  if (code != ErrorCode::kOk) return Status(code, std::move(text));
+  return payload;
+}
+
+}  // namespace h5ckpt::engine::wire

@@ -1,0 +1,56 @@
+// Every message format the engine sends between ranks, in one place. Decoders are bounded: a
+// count the message cannot hold, a trailing byte or a short message is an error, never a
+// truncation or a huge allocation.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "h5ckpt/status.h"
+#include "planner/load_planner.h"
+#include "planner/save_planner.h"
+
+namespace h5ckpt::engine::wire {
+
+/// Save planning, up the tree: one rank's item descriptors.
+std::string encode_items(const std::vector<planner::ItemDesc>& items);
+Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes);
+
+/// Save planning, down from the coordinator: the global plan's datasets and their regions.
+std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors);
+Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes);
+
+/// Load planning, up the tree: one request per item of a rank (skipped items hold a place).
+struct LoadRequestEntry {
+  bool skip = false;
+  bool on_device = false;  ///< the destination is device memory (the signature is opaque)
+  planner::LoadRequest request;
+};
+std::string encode_requests(const std::vector<LoadRequestEntry>& requests);
+Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes);
+
+/// Load planning, down from the coordinator: one role per item of a rank.
+std::string encode_roles(const std::vector<planner::ItemRole>& roles);
+Result<std::vector<planner::ItemRole>> decode_roles(const std::string& bytes);
+
+/// Save commit, up to the coordinator: the checksum of every region a rank wrote.
+struct RegionChecksum {
+  int32_t tensor = -1;
+  int32_t region = -1;
+  uint64_t xxh3 = 0;
+};
+std::string encode_checksums(const std::vector<RegionChecksum>& sums);
+Result<std::vector<RegionChecksum>> decode_checksums(const std::string& bytes);
+
+/// Two strings in one message (e.g. a checkpoint directory and its metadata text).
+std::string encode_pair(const std::string& first, const std::string& second);
+Result<std::pair<std::string, std::string>> decode_pair(const std::string& bytes);
+
+/// The root's outcome reaches every rank: each returns the root's error, or its payload.
+/// `on_root` is read on the root only. Collective over `comm`.
+Result<std::string> bcast_outcome(const Result<std::string>& on_root, int root, MPI_Comm comm);
+
+}  // namespace h5ckpt::engine::wire

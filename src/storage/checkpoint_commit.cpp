@@ -1,0 +1,65 @@
+#include "storage/checkpoint_commit.h"
+
+#include <filesystem>
+#include <mutex>
+
+#include "storage/commit.h"
+#include "storage/hdf5_util.h"
+#include "storage/h5_writer.h"
+#include "storage/metadata.h"
+
+namespace h5ckpt::storage {
+
+namespace fs = std::filesystem;
+
+CheckpointInfo assemble_info(const SavedCheckpoint& saved) {
+  CheckpointInfo info;
+  info.format_version = kFormatVersion;
+  info.library_version = H5CKPT_VERSION;
+  info.step = saved.step;
+  info.saved_sizes = saved.sizes;
+  info.saved_coords = saved.coords;
+  info.attributes = saved.attributes;
+  const auto& tensors = *saved.tensors;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    TensorInfo ti;
+    ti.key = tensors[t].key;
+    ti.dtype = tensors[t].dtype;
+    ti.shape = tensors[t].shape;
+    ti.nbytes = dtype_size(ti.dtype);
+    for (auto d : ti.shape) ti.nbytes *= static_cast<uint64_t>(d);
+    ti.file_offset = saved.offsets[t];
+    for (size_t r = 0; r < tensors[t].regions.size(); ++r)
+      ti.regions.push_back(SavedRegion{tensors[t].regions[r].shard, tensors[t].regions[r].writer,
+                                       saved.checksums[t][r]});
+    info.tensors.push_back(std::move(ti));
+  }
+  return info;
+}
+
+Status commit_checkpoint(const std::string& temp, const std::string& final_dir, const SavedCheckpoint& saved,
+                         bool overwrite, bool point_latest) {
+  const std::string data_file = (fs::path(temp) / kDataFileName).string();
+  const std::string json = metadata_to_json(assemble_info(saved));
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(hdf5_lock());
+    st = write_meta_group(data_file, json, kFormatVersion, H5CKPT_VERSION);
+  }
+  if (st.ok()) st = fsync_path(data_file);
+  if (st.ok()) st = write_file_atomic((fs::path(temp) / kMetadataFileName).string(), json);
+  if (st.ok()) st = fsync_path(temp);
+  if (st.ok()) st = publish_dir(temp, final_dir, overwrite);
+  if (!st.ok()) {
+    (void)remove_tree(temp);
+    return st;
+  }
+  // Committed: a failed pointer update must not read as a failed save.
+  if (point_latest) {
+    st = update_latest(final_dir);
+    if (!st.ok()) return st.with_context("checkpoint '" + final_dir + "' is committed, but updating 'latest' failed");
+  }
+  return Status::Ok();
+}
+
+}  // namespace h5ckpt::storage

@@ -1,0 +1,38 @@
+// The whole commit of a save in one call: the metadata assembled from the plan, the file
+// offsets and the checksums; written into the data file's /meta group and metadata.json; then
+// the atomic publish and the `latest` pointer. Run by the coordinator only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "h5ckpt/checkpoint_info.h"
+#include "planner/save_planner.h"
+
+namespace h5ckpt::storage {
+
+/// What a save knows when every rank has written its bytes.
+struct SavedCheckpoint {
+  const std::vector<planner::TensorPlan>* tensors = nullptr;
+  std::vector<int64_t> offsets;  ///< file offset of every dataset (index = tensor)
+  /// checksums[t][r]: xxh3 of region r of tensor t (0: none)
+  std::vector<std::vector<uint64_t>> checksums;
+  int64_t step = -1;
+  ParallelSizes sizes;
+  std::vector<RankCoords> coords;
+  std::map<std::string, std::string> attributes;
+};
+
+/// The metadata of a saved checkpoint (paths excluded).
+CheckpointInfo assemble_info(const SavedCheckpoint& saved);
+
+/// Writes the metadata of `saved` into `temp` (the /meta group of its data file and
+/// metadata.json, each fsynced), publishes `temp` as `final_dir` (replacing an existing one only
+/// with `overwrite`) and, with `point_latest`, points `latest` at it. On failure before the
+/// publish the temporary directory is removed.
+Status commit_checkpoint(const std::string& temp, const std::string& final_dir, const SavedCheckpoint& saved,
+                         bool overwrite, bool point_latest);
+
+}  // namespace h5ckpt::storage
