@@ -7,6 +7,7 @@
 #include "device/staging.h"
 #include "metrics/log.h"
 #include "storage/commit.h"
+#include "util/phase.h"
 #include "util/stream_copy.h"
 
 namespace h5ckpt::engine {
@@ -152,6 +153,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot] {
     if (after_snapshot) source->wait_closed();
     // Ranks whose snapshot is done wait here for the others without taking their CPU.
+    PhaseScope scope("save_async", "start");
     Status ready = comm::idle_barrier(io.world.get());
     Result<SaveReport> result = ready;
     if (!ready.ok()) {
@@ -175,6 +177,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   pending_ = st;
 
   // The blocking part: copy this rank's pieces into the pool (waiting only if it is full).
+  PhaseScope snapshot_scope("save_async", "snapshot");
   const double t_snap = now_s();
   uint64_t blocked = 0;
   device::Staging& dev = device::staging();

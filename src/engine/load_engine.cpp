@@ -25,6 +25,7 @@
 #include "storage/region_reader.h"
 #include "util/checked_math.h"
 #include "util/dtype_convert.h"
+#include "util/phase.h"
 
 namespace h5ckpt::engine {
 
@@ -125,6 +126,7 @@ planner::StoredTensor stored_of(const CheckpointInfo& info, const std::string& k
 // already, each parses and validates the metadata and checks its items against it. One
 // agreement ends the phase; `*replan` says whether the plan must be made again.
 Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, bool* host_only) {
+  PhaseScope scope("load", "metadata");
   Result<std::string> text = std::string();
   if (run.coordinator()) {
     auto dir = storage::resolve_checkpoint_dir(path);
@@ -272,6 +274,7 @@ Status link_devices(LoadRun& run) {
 // The plan of this rank: roles from the coordinator, or, for two-phase reads, every wanted item
 // read by this rank (the aggregation reads each byte once).
 Status plan_reads(LoadRun& run, bool host_only) {
+  PhaseScope scope("load", "plan");
   LoadPlanCache& cache = run.cache;
   const CheckpointInfo& info = *cache.info;
   std::vector<planner::StoredTensor> stored(run.wants.size());
@@ -299,6 +302,7 @@ Status plan_reads(LoadRun& run, bool host_only) {
 // ---- Phase 3 (optional): re-read and check every saved region's checksum -------------------
 
 Status verify_regions(LoadRun& run) {
+  PhaseScope scope("load", "verify");
   CheckpointInfo located = *run.cache.info;
   located.data_file = run.data_file;
   Status local = verify_checkpoint(located, run.topo.world.rank(), run.topo.world.size());
@@ -322,6 +326,7 @@ Status read_boxes(const CheckpointInfo& info, storage::RegionReader& reader, con
 // Two-phase reads of every item: the file pieces each item wants go to aggregated_read; items
 // stored in another dtype land in a buffer of the stored dtype first and are converted after.
 Status execute_aggregated(LoadRun& run) {
+  PhaseScope scope("load", "read");
   const CheckpointInfo& info = *run.cache.info;
   std::vector<ReadPiece> pieces;
   std::vector<std::pair<int, std::vector<char>>> converted;  // item, bytes in the stored dtype
@@ -370,6 +375,7 @@ Status execute_aggregated(LoadRun& run) {
 // Device items land in host staging from the pool and go to the device while later items are
 // read; over a device transport, replicas are received straight into device memory.
 Status execute_per_item(LoadRun& run) {
+  PhaseScope scope("load", "read");
   const LoadPlanCache& cache = run.cache;
   const CheckpointInfo& info = *cache.info;
   const std::vector<ReadItem>& plan = cache.plan.items;

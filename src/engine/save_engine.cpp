@@ -16,6 +16,7 @@
 #include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
 #include "storage/metadata.h"
+#include "util/phase.h"
 
 namespace h5ckpt::engine {
 
@@ -126,6 +127,7 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
                              const SaveOptions& options, const std::map<std::string, std::string>& attributes,
                              PlanCache& cache) {
   SaveJob job;
+  PhaseScope scope("save", "prepare");
   job.t0 = now_s();
   job.path = normalized_path(path);
   job.options = options;
@@ -243,6 +245,7 @@ std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::Wr
 }
 
 Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source) {
+  PhaseScope scope("save", "write");
   const double t0 = now_s();
   const MPI_Comm world = comms.world.get();
   const bool coordinator = comms.world.rank() == comms.coordinator;
@@ -325,6 +328,7 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
 }
 
 Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts) {
+  PhaseScope scope("save", "commit");
   const double t0 = now_s();
   const MPI_Comm world = comms.world.get();
   const std::vector<planner::TensorPlan>& tensors = *job.plan;

@@ -1,0 +1,135 @@
+// The engine's message formats: every encoder round-trips, and every decoder rejects (never
+// masks, never allocates for) a truncated message, a trailing byte, a count the message cannot
+// hold and values outside their enums.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "engine/wire.h"
+
+namespace h5ckpt::engine::wire {
+namespace {
+
+std::vector<planner::ItemDesc> sample_items() {
+  return {{"model/w", DType::kBF16, Shape{8, 4}, ShardSpec::split(Shape{8, 4}, 0, 2, 1)},
+          {"optimizer/m/w", DType::kF32, Shape{8, 4}, ShardSpec::flat_range(Box{{0, 0}, {8, 4}}, 3, 17)},
+          {"extra/step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})}};
+}
+
+std::vector<planner::TensorPlan> sample_tensors() {
+  return {{"model/w", DType::kBF16, Shape{8, 4},
+           {{ShardSpec::split(Shape{8, 4}, 0, 2, 0), 0}, {ShardSpec::split(Shape{8, 4}, 0, 2, 1), 3}}},
+          {"extra/step", DType::kI64, Shape{1}, {{ShardSpec::whole(Shape{1}), 1}}}};
+}
+
+std::vector<planner::ItemRole> sample_roles() {
+  return {{planner::Role::kRead, 0, -1, {1, 2, 3}}, {planner::Role::kReceive, 1, 2, {}}, {planner::Role::kSkip, 0, -1, {}}};
+}
+
+std::vector<LoadRequestEntry> sample_requests() {
+  return {{false, true, {"sig-a", 128}}, {true, false, {"", 0}}, {false, false, {"sig-b", 7}}};
+}
+
+// Every strict prefix and every one-byte extension of a valid message is refused.
+template <class Decode>
+void expect_rejects_truncations_and_trailers(const std::string& msg, Decode decode, const char* what) {
+  for (size_t n = 0; n < msg.size(); ++n)
+    EXPECT_FALSE(decode(msg.substr(0, n)).ok()) << what << " accepted a prefix of " << n << " of " << msg.size();
+  EXPECT_FALSE(decode(msg + '\0').ok()) << what << " accepted a trailing byte";
+}
+
+// Replaces the leading 64-bit count by `count`.
+std::string with_count(std::string msg, uint64_t count) {
+  std::memcpy(msg.data(), &count, sizeof count);
+  return msg;
+}
+
+TEST(Wire, ItemsRoundTripAndRejectBrokenMessages) {
+  const auto items = sample_items();
+  const std::string msg = encode_items(items);
+  auto back = decode_items(msg);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_EQ(back->size(), items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ((*back)[i].key, items[i].key);
+    EXPECT_EQ((*back)[i].dtype, items[i].dtype);
+    EXPECT_EQ((*back)[i].global_shape, items[i].global_shape);
+    EXPECT_EQ((*back)[i].shard, items[i].shard);
+  }
+  expect_rejects_truncations_and_trailers(msg, decode_items, "decode_items");
+  // A count of 2^24 + 3 used to be masked to 3 and accepted; a huge one must not allocate.
+  EXPECT_FALSE(decode_items(with_count(msg, (1ull << 24) + items.size())).ok());
+  EXPECT_FALSE(decode_items(with_count(msg, ~0ull)).ok());
+  std::string bad_dtype = msg;
+  const size_t dtype_at = 8 + 8 + items[0].key.size();  // count, key length, key
+  bad_dtype[dtype_at] = static_cast<char>(200);
+  EXPECT_FALSE(decode_items(bad_dtype).ok());
+}
+
+TEST(Wire, TensorPlansRoundTripAndRejectBrokenMessages) {
+  const auto tensors = sample_tensors();
+  const std::string msg = encode_tensors(tensors);
+  auto back = decode_tensors(msg);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    EXPECT_EQ((*back)[t].key, tensors[t].key);
+    EXPECT_EQ((*back)[t].shape, tensors[t].shape);
+    ASSERT_EQ((*back)[t].regions.size(), tensors[t].regions.size());
+    for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
+      EXPECT_EQ((*back)[t].regions[r].shard, tensors[t].regions[r].shard);
+      EXPECT_EQ((*back)[t].regions[r].writer, tensors[t].regions[r].writer);
+    }
+  }
+  expect_rejects_truncations_and_trailers(msg, decode_tensors, "decode_tensors");
+  EXPECT_FALSE(decode_tensors(with_count(msg, ~0ull)).ok());
+}
+
+TEST(Wire, RolesRoundTripAndRejectBrokenMessages) {
+  const auto roles = sample_roles();
+  const std::string msg = encode_roles(roles);
+  auto back = decode_roles(msg);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, roles);
+  expect_rejects_truncations_and_trailers(msg, decode_roles, "decode_roles");
+  EXPECT_FALSE(decode_roles(with_count(msg, (1ull << 24) + roles.size())).ok());
+  std::string bad_role = msg;
+  const int32_t role = 7;
+  std::memcpy(bad_role.data() + 8, &role, sizeof role);
+  EXPECT_FALSE(decode_roles(bad_role).ok());
+}
+
+TEST(Wire, RequestsChecksumsAndPairsRoundTrip) {
+  const auto reqs = sample_requests();
+  const std::string rmsg = encode_requests(reqs);
+  auto rback = decode_requests(rmsg);
+  ASSERT_TRUE(rback.ok());
+  ASSERT_EQ(rback->size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*rback)[i].skip, reqs[i].skip);
+    EXPECT_EQ((*rback)[i].on_device, reqs[i].on_device);
+    EXPECT_EQ((*rback)[i].request.signature, reqs[i].skip ? "" : reqs[i].request.signature);
+    EXPECT_EQ((*rback)[i].request.bytes, reqs[i].request.bytes);
+  }
+  expect_rejects_truncations_and_trailers(rmsg, decode_requests, "decode_requests");
+
+  const std::vector<RegionChecksum> sums{{0, 1, 0x1234567890abcdefull}, {3, 0, 42}};
+  const std::string cmsg = encode_checksums(sums);
+  auto cback = decode_checksums(cmsg);
+  ASSERT_TRUE(cback.ok());
+  ASSERT_EQ(cback->size(), 2u);
+  EXPECT_EQ((*cback)[0].xxh3, sums[0].xxh3);
+  EXPECT_EQ((*cback)[1].tensor, 3);
+  expect_rejects_truncations_and_trailers(cmsg, decode_checksums, "decode_checksums");
+  EXPECT_FALSE(decode_checksums(with_count(cmsg, 3)).ok());
+
+  const std::string pmsg = encode_pair("/ckpt/step-1", std::string("{\"a\":\0}", 7));
+  auto pback = decode_pair(pmsg);
+  ASSERT_TRUE(pback.ok());
+  EXPECT_EQ(pback->first, "/ckpt/step-1");
+  EXPECT_EQ(pback->second.size(), 7u);
+  expect_rejects_truncations_and_trailers(pmsg, decode_pair, "decode_pair");
+}
+
+}  // namespace
+}  // namespace h5ckpt::engine::wire
