@@ -86,6 +86,22 @@ TEST_F(Async, SmallStagingPoolBlocksForWhatDoesNotFitAndStaysCorrect) {
   h5ckpt::testing::expect_same_datasets(root_ + "/small", root_ + "/ref");
 }
 
+TEST_F(Async, StagingPoolSmallerThanOneElementStillSaves) {
+  // 3 bytes hold no f32 or i64 element: the snapshot used to wait forever for space.
+  CheckpointerOptions opts;
+  opts.staging_bytes = 3;
+  h5ckpt::testing::TestModel model(L_, topo_->coords(), true);
+  Checkpointer ck(*topo_, opts);
+  auto h = ck.save_async(model.state(), root_ + "/tiny");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  model.scribble();
+  auto r = h->wait();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  h5ckpt::testing::TestModel fresh(L_, topo_->coords(), true);
+  ASSERT_TRUE(ck.save(fresh.state(), root_ + "/ref").ok());
+  h5ckpt::testing::expect_same_datasets(root_ + "/tiny", root_ + "/ref");
+}
+
 TEST_F(Async, HdfWritePathAndDirectWritesGiveTheSameFile) {
   // The same state through HDF5's MPI-IO writes and through direct positioned writes.
   h5ckpt::testing::TestModel model(L_, topo_->coords(), true);

@@ -1,5 +1,6 @@
 #include "engine/async_saver.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -130,9 +131,14 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
 
   const int rank = topo_.world.rank();
   auto writes = plan_my_writes(rank, *job, state, options_.max_piece_bytes);
-  uint64_t mine = 0;
-  for (const auto& w : writes.ok() ? *writes : std::vector<planner::WriteItem>{}) mine += w.bytes;
-  const uint64_t wanted = options_.staging_bytes ? options_.staging_bytes : mine;
+  uint64_t mine = 0, element = 1;
+  for (const auto& w : writes.ok() ? *writes : std::vector<planner::WriteItem>{}) {
+    mine += w.bytes;
+    element = std::max<uint64_t>(element, dtype_size((*job->plan)[w.tensor].dtype));
+  }
+  // A piece is at least one element: a bound below that would leave the snapshot waiting for
+  // space that can never exist, so the pool holds at least one element of the widest dtype.
+  const uint64_t wanted = std::max(options_.staging_bytes ? options_.staging_bytes : mine, element);
   pool_.reserve(wanted);
   // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
   // buffers and returns once they are written, which is correct, only not asynchronous.
