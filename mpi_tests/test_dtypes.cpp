@@ -10,6 +10,7 @@
 #include <random>
 
 #include "support/test_model.h"
+#include "util/checked_math.h"
 
 using h5ckpt::testing::max_all;
 using h5ckpt::testing::sum_all;
@@ -203,6 +204,18 @@ TEST_F(Dtypes, PaddedVocabularyShapeMismatch) {
       }
       EXPECT_EQ(buf.back(), -1.0f) << "wrote past the buffer";
     }
+  }
+  // Padding only: a transposed tensor, another hidden size or an emptied vocabulary is refused
+  // even with allow_shape_mismatch, and the buffer is left untouched.
+  for (const Shape& want : {Shape{4, 37}, Shape{37, 8}, Shape{40, 2}, Shape{0, 4}}) {
+    ShardSpec s = ShardSpec::split(want, 0, n, topo.coords().tp);
+    std::vector<float> buf(s.numel() + 1, -1.0f);
+    StateDict st;
+    st.add("model/embed", DType::kF32, want, s, buf.data()).allow_shape_mismatch = true;
+    Checkpointer ck(topo);
+    auto r = ck.load(st, root_ + "/vocab");
+    EXPECT_EQ(r.status().code(), ErrorCode::kShapeMismatch) << to_string_shape(want) << ": " << r.status().to_string();
+    for (float x : buf) ASSERT_EQ(x, -1.0f) << "a refused load wrote into the buffer";
   }
 }
 

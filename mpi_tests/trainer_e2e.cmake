@@ -49,6 +49,14 @@ if(TARGET h5ckpt-train)
       ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};OMPI_MCA_rmaps_base_oversubscribe=1")
   endif()
 
+  # Resuming with another vocabulary size is refused (only TP padding may change a shape).
+  add_test(NAME trainer_refuses_other_vocab
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/trainer/refuse_other_vocab.sh $<TARGET_FILE:h5ckpt-train>
+            ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/e2e/refuse_vocab)
+  set_tests_properties(trainer_refuses_other_vocab PROPERTIES
+    PROCESSORS 2 TIMEOUT 200 LABELS "mpi;trainer"
+    ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};OMPI_MCA_rmaps_base_oversubscribe=1")
+
   # Workload pieces in-process (hash, bf16, names, ZeRO vs plain step).
   h5ckpt_mpi_test_binary(test_trainer_e2e test_trainer_e2e.cpp)
   target_link_libraries(test_trainer_e2e PRIVATE h5ckpt_workload)

@@ -108,9 +108,19 @@ Status check_item(const CheckpointInfo& info, const StateItem& item, const LoadO
   if (t->dtype != item.dtype && !(options.convert_dtype && dtype_is_float(t->dtype) && dtype_is_float(item.dtype)))
     return Status(ErrorCode::kDtypeMismatch, std::string("checkpoint holds ") + dtype_name(t->dtype) +
                                                  ", the state wants " + dtype_name(item.dtype));
-  if (t->shape != item.global_shape && (!item.allow_shape_mismatch || t->shape.size() != item.global_shape.size()))
-    return Status(ErrorCode::kShapeMismatch, "checkpoint has global shape " + to_string_shape(t->shape) +
-                                                 ", the state wants " + to_string_shape(item.global_shape));
+  if (t->shape != item.global_shape) {
+    // allow_shape_mismatch is for padded vocabularies: only the size of dimension 0 may differ,
+    // and the checkpoint must hold rows at all (not a transposed or emptied tensor).
+    bool padded = item.allow_shape_mismatch && t->shape.size() == item.global_shape.size() && !t->shape.empty() &&
+                  t->shape[0] > 0 && item.global_shape[0] > 0;
+    for (size_t d = 1; padded && d < t->shape.size(); ++d) padded = t->shape[d] == item.global_shape[d];
+    if (!padded)
+      return Status(ErrorCode::kShapeMismatch,
+                    "checkpoint has global shape " + to_string_shape(t->shape) + ", the state wants " +
+                        to_string_shape(item.global_shape) +
+                        (item.allow_shape_mismatch ? " (allow_shape_mismatch lets only a non-empty dimension 0 differ)"
+                                                   : ""));
+  }
   return Status::Ok();
 }
 

@@ -141,6 +141,7 @@ int train(Options& o, int world) {
   Workload w(o.cfg, *topo);
   Checkpointer ck(*topo, o.ck.checkpointer);
   ck.set_attribute("trainer.layout", o.cfg.layout_tag());
+  ck.set_attribute("trainer.vocab", std::to_string(o.cfg.model.vocab));  // checked when resuming
   Ledger ledger;
   const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0;
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "extras/synthetic_loader.h"
+#include "util/checked_math.h"
 
 namespace h5ckpt::workload {
 
@@ -265,8 +266,21 @@ Status Workload::stage_load(StateDict& sd, const CheckpointInfo& info) {
     return it.key.rfind("loader/", 0) == 0 || it.key.rfind("extra/", 0) == 0;
   });
   // A vocabulary padded for another tp: keep the common rows (padding rows are zero anyway).
+  // Only padding may differ: the same vocabulary (when the checkpoint records it), the same
+  // hidden size, and at least every real row stored.
+  auto vocab = info.attributes.find("trainer.vocab");
+  if (vocab != info.attributes.end() && vocab->second != std::to_string(cfg_.model.vocab))
+    return Status(ErrorCode::kShapeMismatch, "the checkpoint was trained with a vocabulary of " + vocab->second +
+                                                 " tokens, this run has " + std::to_string(cfg_.model.vocab));
   for (const auto& t : locals_) {
     if (t.desc->valid_rows < 0) continue;
+    if (const TensorInfo* stored = info.find(t.key);
+        stored && stored->shape != t.desc->shape &&
+        (stored->shape.size() != 2 || stored->shape[1] != t.desc->shape[1] || stored->shape[0] < t.desc->valid_rows))
+      return Status(ErrorCode::kShapeMismatch, "key '" + t.key + "': the checkpoint's shape " +
+                                                   to_string_shape(stored->shape) + " is not the " +
+                                                   std::to_string(t.desc->valid_rows) + "-token vocabulary of " +
+                                                   to_string_shape(t.desc->shape) + " padded to another multiple");
     const std::string& f = t.desc->fqn;
     for (auto& it : items)
       if (it.key == t.key || it.key == "optimizer/fp32_param/" + f || it.key == "optimizer/exp_avg/" + f ||
