@@ -143,6 +143,7 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   Status local = check_local_items(state);
   const uint64_t signature = local.ok() ? structure_signature(state) : 0;
   int cached = local.ok() && cache.tensors && cache.local_signature == signature ? 1 : 0;
+  job.report.plan_s = now_s() - job.t0;  // planning is the checks and any re-plan, not the directory
   if (coordinator && local.ok()) {
     auto temp = make_temp_dir(job.path, options.overwrite);
     if (temp.ok()) job.temp = std::move(temp).value();
@@ -153,14 +154,15 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(job.temp, topo.coordinator, world));
   job.report.plan_cached = cached != 0;
   if (!cached) {
+    const double p0 = now_s();
     cache.tensors.reset();
     auto tensors = plan_globally(topo, state);
     if (!tensors.ok()) return fail(tensors.status());
     cache.tensors = std::make_shared<const std::vector<planner::TensorPlan>>(std::move(tensors).value());
     cache.local_signature = signature;
+    job.report.plan_s += now_s() - p0;
   }
   job.plan = cache.tensors;
-  job.report.plan_s = now_s() - job.t0;
   return job;
 }
 
