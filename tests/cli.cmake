@@ -29,7 +29,7 @@ add_test(NAME cli_fixture
 set_tests_properties(cli_fixture PROPERTIES FIXTURES_SETUP cli_ckpt LABELS "cli;mpi" PROCESSORS 2 TIMEOUT 120)
 
 # check name -> ranks it uses at most (for ctest's PROCESSORS)
-foreach(_check help:1 inspect_dir:1 inspect_checkpoint:1 verify:3 diff:1 export:1 reshard:4)
+foreach(_check help:1 inspect_dir:1 inspect_checkpoint:1 verify:3 diff:1 export:1 reshard:4 prune:1)
   string(REPLACE ":" ";" _pair ${_check})
   list(GET _pair 0 _name)
   list(GET _pair 1 _procs)

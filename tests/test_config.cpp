@@ -71,6 +71,7 @@ void expect_defaults(const Config& c) {
   EXPECT_EQ(c.checkpointer.max_piece_bytes, co.max_piece_bytes);
   EXPECT_EQ(c.checkpointer.alignment, co.alignment);
   EXPECT_EQ(c.checkpointer.io_threads, co.io_threads);
+  EXPECT_EQ(c.checkpointer.timeout_s, co.timeout_s);
   EXPECT_EQ(c.checkpointer.mpi_hints, co.mpi_hints);
   EXPECT_EQ(c.checkpointer.metrics, co.metrics);
   EXPECT_EQ(c.checkpointer.metrics_dir, co.metrics_dir);
@@ -365,11 +366,42 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const char* key : {"[checkpointer]", "\nasync = ", "\ndirect_writes = ", "\ndirect_io = ", "\nstaging_bytes = ", "\nmax_piece_bytes = ",
-                          "\nalignment = ", "\nio_threads = ", "[save]", "\nchecksums = ", "\noverwrite = ",
+                          "\nalignment = ", "\nio_threads = ", "\ntimeout_s = ", "[save]", "\nchecksums = ",
+                          "\noverwrite = ",
                           "\nupdate_latest = ", "[load]", "\nstrict = ", "\nconvert_dtype = ",
                           "\nverify_checksums = ", "\nzero_redundancy = ", "\naggregate_reads = ", "\nread_window_bytes = ", "[mpi_hints]", "[logging]",
                           "\nlevel = ", "[metrics]", "\nenabled = ", "\ndir = "})
     EXPECT_NE(text.find(key), std::string::npos) << key << " missing from " << path;
+}
+
+// timeout_s: seconds as a TOML integer or float, or a decimal in H5CKPT_TIMEOUT_S; 0 turns the
+// deadline off; negative or non-numeric values are refused with the key's name.
+TEST_F(ConfigTest, TimeoutSeconds) {
+  EXPECT_EQ(CheckpointerOptions{}.timeout_s, 600.0);
+  auto r = parse_config("[checkpointer]\ntimeout_s = 30\n", "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->checkpointer.timeout_s, 30.0);
+  r = parse_config("[checkpointer]\ntimeout_s = 2.5\n", "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->checkpointer.timeout_s, 2.5);
+  r = parse_config("[checkpointer]\ntimeout_s = 0\n", "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->checkpointer.timeout_s, 0.0);
+  expect_error(parse_config("[checkpointer]\ntimeout_s = -1\n", "t.toml").status(), ErrorCode::kInvalidArgument,
+               {"t.toml:2:", "checkpointer.timeout_s", "seconds >= 0"});
+  expect_error(parse_config("[checkpointer]\ntimeout_s = \"5\"\n", "t.toml").status(), ErrorCode::kInvalidArgument,
+               {"t.toml:2:", "checkpointer.timeout_s", "a string"});
+  Config c;
+  setenv("H5CKPT_TIMEOUT_S", "7.5", 1);
+  ASSERT_TRUE(apply_env(c).ok());
+  EXPECT_EQ(c.checkpointer.timeout_s, 7.5);
+  for (const char* bad : {"five", "-2", "", "5s", "nan"}) {
+    setenv("H5CKPT_TIMEOUT_S", bad, 1);
+    Status st = apply_env(c);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("H5CKPT_TIMEOUT_S"), std::string::npos) << st.message();
+    EXPECT_EQ(c.checkpointer.timeout_s, 7.5);  // unchanged by a failed apply_env
+  }
 }
 
 }  // namespace

@@ -3,13 +3,18 @@
 // metadata is edited as JSON with its self-checksum recomputed the documented way.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "planner/box_math.h"
+#include "planner/region_overlap.h"
+#include "planner/save_planner.h"
 #include "storage/metadata.h"
 
 // ---- format-v1 metadata validation ----------------------------------------------------------
@@ -245,6 +250,194 @@ TEST(Metadata, NewerFormatVersionUnsupported) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported) << r.status().to_string();
   EXPECT_NE(r.status().message().find("2"), std::string::npos);
+}
+
+// ---- hostile metadata (issue "never hang, never lose") -------------------------------------
+
+// A signed document with an unknown member nested `depth` deep, written by hand: nlohmann's dump()
+// recurses per level, so the test itself must not build it through json.
+std::string deeply_nested(int depth) {
+  const std::string nest = std::string(depth, '[') + std::string(depth, ']');
+  const std::string body = "{\"format\":\"h5ckpt\",\"x\":" + nest + "}";
+  return "{\"format\":\"h5ckpt\",\"index_xxh3\":\"" + hex16(checksum_bytes(body.data(), body.size())) +
+         "\",\"x\":" + nest + "}";
+}
+
+TEST(MetadataHostile, DeepNestingRejectedBeforeParsing) {
+  // Without the pre-scan this overflows the stack (the checksum's dump() recurses 100k deep).
+  auto r = metadata_from_json(deeply_nested(100000), kFileSize);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(r.status().message().find("nested"), std::string::npos) << r.status().message();
+  // Unbalanced garbage too.
+  EXPECT_FALSE(metadata_from_json(std::string(1 << 20, '{'), kFileSize).ok());
+  // Moderate nesting in unknown fields, and brackets inside strings, are fine.
+  const std::string text = metadata_to_json(small_info());
+  auto ok = metadata_from_json(edit(text, [](json& j) {
+                                 json v = 1;
+                                 for (int i = 0; i < 20; ++i) v = json::array({v});
+                                 j["future"] = v;
+                                 j["attributes"]["brackets"] = std::string(5000, '[') + "\\\"{";
+                               }),
+                               kFileSize);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->attributes.at("brackets").size(), 5003u);
+}
+
+TEST(MetadataHostile, RegionsMustCoverAndCarryChecksums) {
+  CheckpointInfo info = small_info();
+  for (auto& t : info.tensors)
+    for (auto& r : t.regions) r.checksum = r.checksum ? r.checksum : 0x2222;
+  const std::string text = metadata_to_json(info);
+  EXPECT_EQ(json::parse(text)["checksums"], true);
+  ASSERT_TRUE(metadata_from_json(text, kFileSize).ok());
+  EXPECT_EQ(json::parse(metadata_to_json(small_info()))["checksums"], false);  // one region without
+
+  auto expect_corrupt = [&](const std::string& name, const std::string& t, const char* needle) {
+    auto r = metadata_from_json(t, kFileSize);
+    ASSERT_FALSE(r.ok()) << name << ": accepted";
+    EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt) << name;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << name << ": " << r.status().message();
+  };
+  // "regions": [] used to pass (no region, nothing to compare) and switched checksums off.
+  expect_corrupt("empty region list", edit(text, [](json& j) { tensor(j, "model/a")["regions"] = json::array(); }),
+                 "cover 0 of 24");
+  expect_corrupt("checksum dropped",
+                 edit(text, [](json& j) { tensor(j, "model/a")["regions"][1].erase("xxh3"); }), "no checksum");
+  expect_corrupt("checksums flag not boolean", edit(text, [](json& j) { j["checksums"] = 1; }), "checksums");
+  // A file from before the flag: one checksum anywhere means all regions need one.
+  expect_corrupt("pre-flag file, one checksum dropped", edit(text, [](json& j) {
+                   j.erase("checksums");
+                   tensor(j, "optimizer/exp_avg/a")["regions"][0].erase("xxh3");
+                 }),
+                 "no checksum");
+  auto none = metadata_from_json(edit(text,
+                                      [](json& j) {
+                                        j.erase("checksums");
+                                        for (auto& t : j["tensors"])
+                                          for (auto& r : t["regions"]) r.erase("xxh3");
+                                      }),
+                                 kFileSize);
+  EXPECT_TRUE(none.ok()) << none.status().to_string();  // saved with checksums = false
+}
+
+TEST(MetadataHostile, OutOfRangeIntegersRejected) {
+  const std::string text = metadata_to_json(small_info());
+  const uint64_t big32 = (uint64_t{1} << 32) + 1, big63 = uint64_t{1} << 63;
+  struct Case {
+    const char* name;
+    std::function<void(json&)> fn;
+  };
+  const std::vector<Case> cases = {
+      {"writer 2^32+1 (wrapped to 1)", [&](json& j) { tensor(j, "model/a")["regions"][1]["writer"] = big32; }},
+      {"tp 2^32+2", [&](json& j) { j["topology"]["tp"] = big32 + 1; }},
+      {"coords 2^32", [&](json& j) { j["topology"]["coords"][0][0] = big32 - 1; }},
+      {"shape 2^63", [&](json& j) { tensor(j, "model/empty")["shape"][0] = big63; }},
+      {"nbytes negative", [&](json& j) { tensor(j, "model/empty")["nbytes"] = -1; }},
+      {"file_offset 2^63", [&](json& j) { tensor(j, "model/a")["file_offset"] = big63; }},
+      {"flat end 2^64-1", [&](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"][1] = ~uint64_t{0}; }},
+      {"step 2^63", [&](json& j) { j["step"] = big63; }},
+      {"writer as float", [&](json& j) { tensor(j, "model/a")["regions"][1]["writer"] = 1.0; }},
+      {"format_version -2^40", [&](json& j) { j["format_version"] = -(int64_t{1} << 40); }},
+      {"format_version 1.0", [&](json& j) { j["format_version"] = 1.0; }},
+  };
+  for (const auto& c : cases) {
+    auto r = metadata_from_json(edit(text, c.fn), kFileSize);
+    ASSERT_FALSE(r.ok()) << c.name << ": accepted";
+    EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt) << c.name << ": " << r.status().to_string();
+  }
+  // 2^32+1 used to wrap to 1 and load as version 1; it is a newer version, named as such.
+  auto r = metadata_from_json(edit(text, [&](json& j) { j["format_version"] = big32; }), kFileSize);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(r.status().message().find("4294967297"), std::string::npos) << r.status().message();
+}
+
+// One tensor of `n` regions, each one row (rows = true) or one column of a 2-D tensor.
+CheckpointInfo sliced(int64_t n, bool rows) {
+  CheckpointInfo info = small_info();
+  info.saved_coords = {RankCoords{0, 0, 0}};
+  info.saved_sizes = ParallelSizes{1, 1, 1};
+  TensorInfo t;
+  t.key = "model/sliced";
+  t.dtype = DType::kU8;
+  t.shape = rows ? Shape{n, 4} : Shape{4, n};
+  t.nbytes = static_cast<uint64_t>(4 * n);
+  t.file_offset = 0;
+  for (int64_t i = 0; i < n; ++i)
+    t.regions.push_back(SavedRegion{rows ? ShardSpec::box_of({i, 0}, {1, 4}) : ShardSpec::box_of({0, i}, {4, 1}),
+                                    0, static_cast<uint64_t>(i + 1)});
+  info.tensors = {t};
+  return info;
+}
+
+TEST(MetadataHostile, ManyOneRowRegionsValidateQuickly) {
+  for (int64_t n : {16384, 100000}) {
+    for (bool rows : {true, false}) {
+      const std::string text = metadata_to_json(sliced(n, rows));
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = metadata_from_json(text, kFileSize);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_EQ(r->tensors[0].regions.size(), static_cast<size_t>(n));
+      EXPECT_LT(s, 1.0) << n << (rows ? " rows" : " columns");  // was minutes (quadratic) at 16k
+      // The same layout with the last two slices overlapping is still caught.
+      auto overlapped = metadata_from_json(edit(text,
+                                                [&](json& j) {
+                                                  auto& last = j["tensors"][0]["regions"][n - 1];
+                                                  last["offset"][rows ? 0 : 1] = n - 2;
+                                                }),
+                                           kFileSize);
+      ASSERT_FALSE(overlapped.ok());
+      EXPECT_NE(overlapped.status().message().find("twice"), std::string::npos) << overlapped.status().message();
+    }
+  }
+}
+
+TEST(MetadataHostile, PlannerChecksManyColumnShardsQuickly) {
+  // 4096 ranks, one column each: every shard spans all rows, which the old sweep along dim 0
+  // compared pairwise.
+  const int64_t n = 4096;
+  std::vector<std::vector<planner::ItemDesc>> ranks;
+  for (int64_t i = 0; i < n; ++i)
+    ranks.push_back({planner::ItemDesc{"model/w", DType::kF32, {64, n}, ShardSpec::box_of({0, i}, {64, 1})}});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = planner::plan_save(ranks);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_LT(s, 2.0);
+  ranks[7][0].shard = ShardSpec::box_of({0, 6}, {64, 2});
+  auto bad = planner::plan_save(ranks);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("overlaps"), std::string::npos) << bad.status().message();
+}
+
+// find_overlap against brute force on random boxes: planar layouts, and 3-D column splits that
+// take the general sweep.
+TEST(MetadataHostile, FindOverlapAgreesWithBruteForce) {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 3000; ++iter) {
+    const size_t d = 1 + iter % 3;
+    Shape shape(d);
+    for (auto& s : shape) s = 1 + static_cast<int64_t>(rng() % 6);
+    std::vector<Box> boxes(1 + rng() % 6);
+    for (auto& b : boxes) {
+      b.offset.resize(d);
+      b.shape.resize(d);
+      for (size_t e = 0; e < d; ++e) {
+        const bool full = e > 0 && rng() % 2;  // full trailing dims keep many cases planar
+        b.offset[e] = full ? 0 : static_cast<int64_t>(rng() % shape[e]);
+        b.shape[e] = full ? shape[e] : 1 + static_cast<int64_t>(rng() % (shape[e] - b.offset[e]));
+      }
+    }
+    bool brute = false;
+    for (size_t i = 0; i < boxes.size(); ++i)
+      for (size_t k = i + 1; k < boxes.size(); ++k) brute = brute || planner::intersect(boxes[i], boxes[k]);
+    auto got = planner::find_overlap(shape, boxes);
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->has_value(), brute) << "iteration " << iter;
+    if (*got) EXPECT_TRUE(planner::intersect(boxes[(*got)->first], boxes[(*got)->second]));
+  }
 }
 
 }  // namespace

@@ -56,8 +56,10 @@ struct H5CKPT_API CheckpointInfo {
 /// " flat [0,10)" for a flat range.
 H5CKPT_API std::string region_to_string(const ShardSpec& shard);
 
-/// Reads and validates a checkpoint's metadata (following `latest` when `path` is a directory
-/// of checkpoints). Refuses uncommitted and malformed checkpoints with a clear error.
+/// Reads and validates a checkpoint's metadata. For a directory of checkpoints: what `latest`
+/// names when that validates, else the newest checkpoint there that does (with a warning in the
+/// library log), as Checkpointer::load selects (docs/format.md §2). Refuses uncommitted and
+/// malformed checkpoints with a clear error.
 H5CKPT_API Result<CheckpointInfo> read_checkpoint_info(const std::string& path);
 
 /// Re-reads the saved regions with index % nparts == part and checks their checksums; the
@@ -86,5 +88,24 @@ struct CheckpointListing {
 /// is committed and intact is for read_checkpoint_info to say: it refuses in-progress saves,
 /// directories with data but no metadata, and malformed metadata.
 H5CKPT_API Result<CheckpointListing> list_checkpoints(const std::string& root);
+
+/// Retention for a directory of checkpoints (`h5ckpt prune`; a Checkpointer applies the same
+/// rule after each save with CheckpointerOptions::keep_last / keep_every).
+struct PruneOptions {
+  int64_t keep_last = 1;   ///< keep the N newest committed checkpoints (by recorded step, then name); >= 1
+  int64_t keep_every = 0;  ///< also keep every checkpoint whose step is a multiple of K (0: none)
+  bool dry_run = false;    ///< only say what would be deleted
+};
+
+struct PruneResult {
+  std::vector<std::string> deleted;  ///< checkpoint names deleted (dry run: that would be), oldest first
+  std::vector<std::string> kept;     ///< committed checkpoint names kept, newest first
+};
+
+/// Deletes the committed checkpoints directly under `root` that the rule does not keep. Never
+/// deletes what `latest` names, what a load of `root` would select, temporary (in-progress)
+/// directories or checkpoints whose metadata cannot be read. Takes the directory's save lock, so
+/// it fails (kAlreadyExists, naming the holder) while a job is saving there.
+H5CKPT_API Result<PruneResult> prune_checkpoints(const std::string& root, const PruneOptions& options);
 
 }  // namespace h5ckpt

@@ -80,11 +80,25 @@ struct CheckpointerOptions {
   std::map<std::string, std::string> mpi_hints;
   /// Threads reading from storage during a load (each with its own file handle).
   int io_threads = 1;
+  /// Deadline in seconds of every wait of a save or load for other ranks (agreements, broadcasts,
+  /// gathers, transfers, the async writer's phases, NCCL set-up). When it passes, every rank still
+  /// alive logs the operation, phase and the ranks that did not arrive, and calls MPI_Abort, so the
+  /// job ends and can be restarted; nothing is committed. 0: no deadline. Must exceed how far apart
+  /// ranks may reach a save or load, and the slowest rank's write or read time. Process-wide: the
+  /// last Checkpointer constructed sets it for all.
+  double timeout_s = 600;
   /// Write per-rank phase timings and bytes of every save/load as JSON (see metrics_dir).
   bool metrics = true;
   /// Directory for the metrics files; empty: beside the checkpoint, as <checkpoint>.save.json
   /// and <checkpoint>.load.json.
   std::string metrics_dir;
+  /// Retention, applied by the coordinator after each committed save (and `latest` update) to
+  /// the directory the checkpoint was saved into: keep the `keep_last` newest committed
+  /// checkpoints there (by recorded step, then name) and delete the others. 0: keep all.
+  /// Never deletes the checkpoint just written or the one `latest` names.
+  int64_t keep_last = 0;
+  /// With keep_last: also keep forever every checkpoint whose step is a multiple of this. 0: none.
+  int64_t keep_every = 0;
 };
 
 /// Per-call figures of this rank.

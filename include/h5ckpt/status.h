@@ -22,7 +22,8 @@ enum class ErrorCode {
   kAlreadyExists,    ///< save target exists and overwrite was not requested
   kIo,               ///< operating-system or HDF5 I/O failure
   kMpi,              ///< an MPI call failed
-  kRemote,           ///< another rank failed (the message names it)
+  kRemote,           ///< another rank failed and its own error is not known here (agreements pass on the
+                     ///< failing rank's code and message instead)
   kUnsupported,      ///< valid request that this build cannot do
   kInternal,         ///< a bug in h5ckpt
 };

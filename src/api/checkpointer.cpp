@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "api/handle_access.h"
+#include "comm/deadline.h"
 #include "comm/topology_impl.h"
 #include "engine/async_saver.h"
 #include "engine/engine.h"
@@ -25,7 +26,9 @@ struct Checkpointer::Impl {
 };
 
 Checkpointer::Checkpointer(const Topology& topology, const CheckpointerOptions& options)
-    : impl_(std::make_unique<Impl>(topology, options)) {}
+    : impl_(std::make_unique<Impl>(topology, options)) {
+  comm::set_timeout(options.timeout_s);  // process-wide: the byte collectives read it (comm/deadline.h)
+}
 Checkpointer::~Checkpointer() = default;
 
 void Checkpointer::wait_pending() {

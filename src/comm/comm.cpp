@@ -1,15 +1,57 @@
 #include "comm/comm.h"
 
 #include <algorithm>
-#include <chrono>
-#include <numeric>
-#include <thread>
+#include <atomic>
+#include <cstdlib>
+
+#include "comm/deadline.h"
 
 namespace h5ckpt::comm {
 
 namespace {
 constexpr int kAgreePollMicros = 50;  // an agreement ends every phase: keep its latency small
+constexpr int kCollPollMicros = 50;
+constexpr uint64_t kDefaultChunk = 1ull << 30;  // below INT_MAX
+constexpr int kGatherTag = 32001, kScatterTag = 32002;
+std::atomic<uint64_t> g_chunk_for_testing{0};
+
+uint64_t chunk_from_env() {
+  const char* v = std::getenv("H5CKPT_TEST_CHUNK_BYTES");
+  const unsigned long long n = v ? std::strtoull(v, nullptr, 10) : 0;
+  return n > 0 && n <= kDefaultChunk ? n : kDefaultChunk;
+}
+
+// Posts the messages of `bytes` at `data` to or from `peer`, each at most chunk_limit() bytes;
+// both sides cut at the same offsets, and MPI keeps one pair's messages in order.
+Status post_chunks(bool send, char* data, uint64_t bytes, int peer, int tag, MPI_Comm comm,
+                   std::vector<MPI_Request>& reqs) {
+  const uint64_t chunk = chunk_limit();
+  for (uint64_t off = 0; off < bytes; off += chunk) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    const int n = static_cast<int>(std::min(chunk, bytes - off));
+    const int rc = send ? MPI_Isend(data + off, n, MPI_BYTE, peer, tag, comm, &r)
+                        : MPI_Irecv(data + off, n, MPI_BYTE, peer, tag, comm, &r);
+    H5CKPT_RETURN_IF_ERROR(mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv"));
+    reqs.push_back(r);
+  }
+  return Status::Ok();
+}
+
+// Completes what was posted even after a posting error (the peers' halves may be matched), then
+// returns the first error.
+Status finish(Status posted, std::vector<MPI_Request>& reqs, const char* what, MPI_Comm comm, const Deadline& d) {
+  Status done = wait_until(static_cast<int>(reqs.size()), reqs.data(), kCollPollMicros, what, comm, d);
+  return posted.ok() ? done : posted;
+}
 }  // namespace
+
+uint64_t chunk_limit() {
+  static const uint64_t from_env = chunk_from_env();
+  const uint64_t t = g_chunk_for_testing.load();
+  return t ? t : from_env;
+}
+
+void set_chunk_limit_for_testing(uint64_t bytes) { g_chunk_for_testing.store(std::min(bytes, kDefaultChunk)); }
 
 Status mpi_status(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return Status::Ok();
@@ -21,14 +63,19 @@ Status mpi_status(int rc, const char* what) {
 
 Result<Comm> Comm::duplicate(MPI_Comm c) {
   Comm out;
+  const BlockingGuard guard("communicator duplication (MPI_Comm_dup)", c);  // collective, blocking
   H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(c, &out.c_), "MPI_Comm_dup"));
   MPI_Comm_set_errhandler(out.c_, MPI_ERRORS_RETURN);
+  H5CKPT_RETURN_IF_ERROR(open_side_channel(out.c_));  // on failure ~Comm frees out.c_
   return out;
 }
 
 Comm& Comm::operator=(Comm&& o) noexcept {
   if (this != &o) {
-    if (c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
+    if (c_ != MPI_COMM_NULL) {
+      close_side_channel(c_);
+      MPI_Comm_free(&c_);
+    }
     c_ = o.c_;
     o.c_ = MPI_COMM_NULL;
   }
@@ -38,7 +85,10 @@ Comm& Comm::operator=(Comm&& o) noexcept {
 Comm::~Comm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (c_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&c_);
+  if (c_ != MPI_COMM_NULL && !finalized) {
+    close_side_channel(c_);
+    MPI_Comm_free(&c_);
+  }
 }
 
 int Comm::rank() const {
@@ -69,7 +119,7 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
   H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_INT, all.data(),
                                                    static_cast<int>(width), MPI_INT, comm, &req),
                                     "agreement (MPI_Iallgather)"));
-  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Testall)"));
+  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Iallgather)", comm));
   std::vector<int> failing;
   for (int r = 0; r < size; ++r) {
     if (all[width * r]) failing.push_back(r);
@@ -84,7 +134,8 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
     text = local.message();
     code = static_cast<int>(local.code());
   }
-  MPI_Bcast(&code, 1, MPI_INT, teller, comm);
+  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibcast(&code, 1, MPI_INT, teller, comm, &req), "MPI_Ibcast"));
+  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (failure code broadcast)", comm));
   if (auto st = bcast_bytes(text, teller, comm); !st.ok()) return st;
   std::string ranks;
   for (size_t i = 0; i < failing.size() && i < 16; ++i) ranks += (i ? "," : "") + std::to_string(failing[i]);
@@ -93,84 +144,103 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
                 "rank " + std::to_string(teller) + ": " + text + " [failed on rank(s) " + ranks + "]");
 }
 
-Status wait_asleep(int n, MPI_Request* requests, int poll_us, const char* what) {
-  for (int done = 0;;) {
-    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), what));
-    if (done) return Status::Ok();
-    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
-  }
+Status wait_asleep(int n, MPI_Request* requests, int poll_us, const char* what, MPI_Comm comm) {
+  return wait_until(n, requests, poll_us, what, comm, Deadline());
 }
 
 Status idle_barrier(MPI_Comm comm, int poll_us) {
   MPI_Request req;
   H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibarrier(comm, &req), "MPI_Ibarrier"));
-  return wait_asleep(1, &req, poll_us, "MPI_Test(barrier)");
+  return wait_asleep(1, &req, poll_us, "barrier (MPI_Ibarrier)", comm);
 }
 
 Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm) {
+  const Deadline d;
   uint64_t n = bytes.size();
-  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Bcast(&n, 1, MPI_UINT64_T, root, comm), "MPI_Bcast"));
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm, &req), "MPI_Ibcast"));
+  H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "broadcast (size)", comm, d));
   bytes.resize(n);
-  // Large payloads go in pieces below INT_MAX.
-  const uint64_t kPiece = 1u << 30;
-  for (uint64_t off = 0; off < n; off += kPiece) {
-    const int len = static_cast<int>(std::min(kPiece, n - off));
-    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Bcast(bytes.data() + off, len, MPI_BYTE, root, comm), "MPI_Bcast"));
+  // Pieces of chunk_limit() bytes, a bounded number in flight (every rank cuts the same pieces).
+  constexpr size_t kInFlight = 16;
+  const uint64_t chunk = chunk_limit();
+  std::vector<MPI_Request> reqs;
+  Status posted;
+  for (uint64_t off = 0; off < n && posted.ok();) {
+    reqs.clear();
+    for (; off < n && reqs.size() < kInFlight; off += chunk) {
+      const int len = static_cast<int>(std::min(chunk, n - off));
+      posted = mpi_status(MPI_Ibcast(bytes.data() + off, len, MPI_BYTE, root, comm, &req), "MPI_Ibcast");
+      if (!posted.ok()) break;
+      reqs.push_back(req);
+    }
+    H5CKPT_RETURN_IF_ERROR(finish(posted, reqs, "broadcast", comm, d));
   }
   return Status::Ok();
 }
 
 Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root, MPI_Comm comm) {
+  const Deadline d;
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  int n = static_cast<int>(mine.size());
-  std::vector<int> counts(rank == root ? size : 0), displs;
+  uint64_t n = mine.size();
+  std::vector<uint64_t> sizes(rank == root ? size : 0);
+  MPI_Request req;
   H5CKPT_RETURN_IF_ERROR(
-      mpi_status(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm), "MPI_Gather"));
-  std::string all;
-  if (rank == root) {
-    displs.resize(size);
-    int64_t total = 0;
-    for (int r = 0; r < size; ++r) {
-      displs[r] = static_cast<int>(total);
-      total += counts[r];
-    }
-    if (total > INT32_MAX) return Status(ErrorCode::kUnsupported, "gathered plan exceeds 2 GiB");
-    all.resize(total);
-  }
-  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Gatherv(mine.data(), n, MPI_BYTE, all.data(), counts.data(),
-                                                displs.data(), MPI_BYTE, root, comm),
-                                    "MPI_Gatherv"));
+      mpi_status(MPI_Igather(&n, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, root, comm, &req), "MPI_Igather"));
+  H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "gather (sizes)", comm, d));
+  // Point to point in pieces: the root receives each rank's bytes straight into its string.
   std::vector<std::string> out;
-  if (rank == root)
-    for (int r = 0; r < size; ++r) out.emplace_back(all.substr(displs[r], counts[r]));
+  std::vector<MPI_Request> reqs;
+  Status posted;
+  if (rank == root) {
+    out.resize(size);
+    for (int r = 0; r < size && posted.ok(); ++r) {
+      if (r == root) {
+        out[r] = mine;
+        continue;
+      }
+      out[r].resize(sizes[r]);
+      posted = post_chunks(false, out[r].data(), sizes[r], r, kGatherTag, comm, reqs);
+    }
+  } else {
+    posted = post_chunks(true, const_cast<char*>(mine.data()), n, root, kGatherTag, comm, reqs);
+  }
+  H5CKPT_RETURN_IF_ERROR(finish(posted, reqs, "gather", comm, d));
   return out;
 }
 
 Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int root, MPI_Comm comm) {
+  const Deadline d;
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  std::vector<int> counts, displs;
-  std::string all;
-  if (rank == root) {
-    int64_t total = 0;
-    for (const auto& p : parts) {
-      counts.push_back(static_cast<int>(p.size()));
-      displs.push_back(static_cast<int>(total));
-      total += p.size();
-      all += p;
-    }
-    if (total > INT32_MAX) return Status(ErrorCode::kUnsupported, "scattered plan exceeds 2 GiB");
-  }
-  int n = 0;
+  std::vector<uint64_t> sizes;
+  if (rank == root)
+    for (int r = 0; r < size; ++r) sizes.push_back(r < static_cast<int>(parts.size()) ? parts[r].size() : 0);
+  uint64_t n = 0;
+  MPI_Request req;
   H5CKPT_RETURN_IF_ERROR(
-      mpi_status(MPI_Scatter(counts.data(), 1, MPI_INT, &n, 1, MPI_INT, root, comm), "MPI_Scatter"));
-  std::string mine(n, '\0');
-  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Scatterv(all.data(), counts.data(), displs.data(), MPI_BYTE,
-                                                 mine.data(), n, MPI_BYTE, root, comm),
-                                    "MPI_Scatterv"));
+      mpi_status(MPI_Iscatter(sizes.data(), 1, MPI_UINT64_T, &n, 1, MPI_UINT64_T, root, comm, &req), "MPI_Iscatter"));
+  H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "scatter (sizes)", comm, d));
+  std::string mine;
+  std::vector<MPI_Request> reqs;
+  Status posted;
+  if (rank == root) {
+    for (int r = 0; r < size && posted.ok(); ++r) {
+      if (r != root && sizes[r] > 0)
+        posted = post_chunks(true, const_cast<char*>(parts[r].data()), sizes[r], r, kScatterTag, comm, reqs);
+    }
+    if (root < static_cast<int>(parts.size())) mine = parts[root];
+  } else {
+    mine.resize(n);
+    posted = post_chunks(false, mine.data(), n, root, kScatterTag, comm, reqs);
+  }
+  H5CKPT_RETURN_IF_ERROR(finish(posted, reqs, "scatter", comm, d));
+  if (rank == root && static_cast<int>(parts.size()) != size)
+    return Status(ErrorCode::kInternal, "scatter_bytes: " + std::to_string(parts.size()) + " parts for " +
+                                            std::to_string(size) + " ranks");
   return mine;
 }
 

@@ -47,12 +47,18 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags);
 
 /// Completes `n` requests, sleeping `poll_us` between MPI_Testall polls: blocking MPI calls
 /// busy-poll, and a rank waiting for slower peers would take the CPU they need wherever ranks
-/// outnumber cores (or a background thread would take the trainer's).
-Status wait_asleep(int n, MPI_Request* requests, int poll_us, const char* what);
+/// outnumber cores (or a background thread would take the trainer's). Bounded by the timeout
+/// (comm/deadline.h): past it the job is aborted with a report naming `what` and the ranks of
+/// `comm` (the communicator the requests are on; MPI_COMM_NULL if unknown) that did not arrive.
+Status wait_asleep(int n, MPI_Request* requests, int poll_us, const char* what, MPI_Comm comm = MPI_COMM_NULL);
 
 /// A barrier that sleeps between polls instead of spinning, for background threads whose wait
 /// should leave the CPU to the trainer (blocking MPI collectives busy-poll). Collective.
 Status idle_barrier(MPI_Comm comm, int poll_us = 200);
+
+// The byte collectives below take sizes as 64-bit values and move payloads in messages of at
+// most chunk_limit() bytes (MPI counts are int), so every rank takes the same path whatever the
+// sizes; each is bounded by one deadline (comm/deadline.h) from its start.
 
 /// Broadcasts a byte string from `root`. Collective.
 Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm);
@@ -60,7 +66,15 @@ Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm);
 /// Gathers every rank's bytes to `root` (result[rank]); empty on other ranks. Collective.
 Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root, MPI_Comm comm);
 
-/// Scatters parts[rank] from `root` to each rank. Collective.
+/// Scatters parts[rank] from `root` to each rank (`parts` is read on the root only; a missing
+/// part is sent empty and fails the call on the root). Collective.
 Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int root, MPI_Comm comm);
+
+/// Largest single message of the byte collectives and the MPI transport: 1 GiB, or
+/// $H5CKPT_TEST_CHUNK_BYTES (read once), or what set_chunk_limit_for_testing set.
+uint64_t chunk_limit();
+/// Lowers the message size so tests can cross chunk boundaries with small payloads; 0 restores
+/// the default. Every rank must use the same limit.
+void set_chunk_limit_for_testing(uint64_t bytes);
 
 }  // namespace h5ckpt::comm

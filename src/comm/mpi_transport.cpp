@@ -8,8 +8,7 @@ namespace h5ckpt::comm {
 
 namespace {
 
-constexpr uint64_t kMaxMessage = 1ull << 30;  // MPI counts are int: send large buffers in pieces
-constexpr int kPollMicros = 50;                // wait_all's sleep between polls
+constexpr int kPollMicros = 50;  // wait_all's sleep between polls
 
 class MpiTransport final : public Transport {
  public:
@@ -21,9 +20,10 @@ class MpiTransport final : public Transport {
 
   Status post_send(int peer, const void* data, uint64_t bytes, int tag) override {
     const char* p = static_cast<const char*>(data);
-    for (uint64_t off = 0; off < bytes; off += kMaxMessage) {
+    const uint64_t piece = chunk_limit();  // MPI counts are int: large buffers go in pieces
+    for (uint64_t off = 0; off < bytes; off += piece) {
       MPI_Request req;
-      const int n = static_cast<int>(std::min(kMaxMessage, bytes - off));
+      const int n = static_cast<int>(std::min(piece, bytes - off));
       H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Isend(p + off, n, MPI_BYTE, peer, tag, comm_, &req), "MPI_Isend"));
       requests_.push_back(req);
     }
@@ -32,9 +32,10 @@ class MpiTransport final : public Transport {
 
   Status post_recv(int peer, void* data, uint64_t bytes, int tag) override {
     char* p = static_cast<char*>(data);
-    for (uint64_t off = 0; off < bytes; off += kMaxMessage) {
+    const uint64_t piece = chunk_limit();  // MPI counts are int: large buffers go in pieces
+    for (uint64_t off = 0; off < bytes; off += piece) {
       MPI_Request req;
-      const int n = static_cast<int>(std::min(kMaxMessage, bytes - off));
+      const int n = static_cast<int>(std::min(piece, bytes - off));
       H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Irecv(p + off, n, MPI_BYTE, peer, tag, comm_, &req), "MPI_Irecv"));
       requests_.push_back(req);
     }
@@ -51,7 +52,8 @@ class MpiTransport final : public Transport {
   // Asleep: a rank that has finished its reads waits here for transfers that need its peers'
   // reads first. A bulk transfer hardly notices the sleeps.
   Status wait_all() override {
-    Status st = wait_asleep(static_cast<int>(requests_.size()), requests_.data(), kPollMicros, "MPI_Testall");
+    Status st = wait_asleep(static_cast<int>(requests_.size()), requests_.data(), kPollMicros,
+                            "transfers (MPI_Isend/MPI_Irecv)", comm_);
     requests_.clear();
     return st;
   }

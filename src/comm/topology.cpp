@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "comm/deadline.h"
 #include "comm/topology_impl.h"
 #include "util/bytes.h"
 
@@ -11,8 +12,10 @@ Result<std::unique_ptr<Topology::Impl>> finish(std::unique_ptr<Topology::Impl> i
   const int size = impl->world.size();
   int mine[3] = {impl->coords.tp, impl->coords.dp, impl->coords.pp};
   std::vector<int> all(3 * size);
+  MPI_Request req;
   H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
-      MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, impl->world.get()), "MPI_Allgather(coords)"));
+      MPI_Iallgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, impl->world.get(), &req), "MPI_Iallgather(coords)"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 50, "topology set-up (coordinates)", impl->world.get()));
   impl->all_coords.resize(size);
   std::vector<char> seen(size, 0);
   Status bad;
@@ -51,6 +54,7 @@ Result<Topology> Topology::create(MPI_Comm world, ParallelSizes sizes) {
   const auto& c = impl->coords;
   MPI_Comm tmp;
   auto split = [&](int color, int key, comm::Comm& out) -> Status {
+    const comm::BlockingGuard guard("topology set-up (MPI_Comm_split)", impl->world.get());  // collective, blocking
     H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Comm_split(impl->world.get(), color, key, &tmp), "MPI_Comm_split"));
     auto dup = comm::Comm::duplicate(tmp);
     MPI_Comm_free(&tmp);

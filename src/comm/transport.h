@@ -26,7 +26,8 @@ class Transport {
   virtual Status wait_all() = 0;
 };
 
-/// Point-to-point MPI over `comm` (which must outlive the transport); splits messages at 1 GiB.
+/// Point-to-point MPI over `comm` (which must outlive the transport); splits messages at
+/// comm::chunk_limit() (1 GiB). wait_all() is bounded by the timeout (comm/deadline.h).
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm);
 
 }  // namespace h5ckpt::comm

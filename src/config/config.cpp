@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "metrics/log.h"
+#include "storage/mpi_hints.h"
 
 extern char** environ;
 
@@ -21,9 +22,9 @@ namespace h5ckpt {
 
 namespace {
 
-enum class Kind { kBool, kSize, kPositiveSize, kThreads, kString, kLogLevel };
+enum class Kind { kBool, kSize, kPositiveSize, kThreads, kCount, kString, kLogLevel, kSeconds };
 
-using Value = std::variant<bool, uint64_t, std::string>;
+using Value = std::variant<bool, uint64_t, std::string, double>;
 
 struct KeyDef {
   const char* section;
@@ -35,6 +36,7 @@ struct KeyDef {
 
 bool b(const Value& v) { return std::get<bool>(v); }
 uint64_t u(const Value& v) { return std::get<uint64_t>(v); }
+double seconds(const Value& v) { return std::get<double>(v); }
 const std::string& s(const Value& v) { return std::get<std::string>(v); }
 
 // [mpi_hints] is open-ended (any hint name) and handled apart from this table.
@@ -52,6 +54,12 @@ const KeyDef kKeys[] = {
      [](Config& c, const Value& v) { c.checkpointer.alignment = u(v); }},
     {"checkpointer", "io_threads", "H5CKPT_IO_THREADS", Kind::kThreads,
      [](Config& c, const Value& v) { c.checkpointer.io_threads = static_cast<int>(u(v)); }},
+    {"checkpointer", "timeout_s", "H5CKPT_TIMEOUT_S", Kind::kSeconds,
+     [](Config& c, const Value& v) { c.checkpointer.timeout_s = seconds(v); }},
+    {"checkpointer", "keep_last", "H5CKPT_KEEP_LAST", Kind::kCount,
+     [](Config& c, const Value& v) { c.checkpointer.keep_last = static_cast<int64_t>(u(v)); }},
+    {"checkpointer", "keep_every", "H5CKPT_KEEP_EVERY", Kind::kCount,
+     [](Config& c, const Value& v) { c.checkpointer.keep_every = static_cast<int64_t>(u(v)); }},
     {"save", "checksums", "H5CKPT_CHECKSUMS", Kind::kBool, [](Config& c, const Value& v) { c.save.checksums = b(v); }},
     {"save", "overwrite", "H5CKPT_OVERWRITE", Kind::kBool, [](Config& c, const Value& v) { c.save.overwrite = b(v); }},
     {"save", "update_latest", "H5CKPT_UPDATE_LATEST", Kind::kBool,
@@ -84,6 +92,8 @@ const char* kind_expectation(Kind k) {
     case Kind::kSize: return "a byte size >= 0 (an integer, or a string such as \"512MiB\")";
     case Kind::kPositiveSize: return "a byte size > 0 (an integer, or a string such as \"256MiB\")";
     case Kind::kThreads: return "an integer from 1 to 1024";
+    case Kind::kSeconds: return "a number of seconds >= 0 (0: no timeout)";
+    case Kind::kCount: return "an integer >= 0";
     case Kind::kString: return "a string";
     case Kind::kLogLevel: return "one of trace, debug, info, warn, error, critical, off";
   }
@@ -122,6 +132,8 @@ std::string check_range(Kind k, const Value& v) {
   if (k == Kind::kPositiveSize && u(v) == 0) return "must be greater than 0";
   if (k == Kind::kThreads && (u(v) < 1 || u(v) > static_cast<uint64_t>(kMaxIoThreads)))
     return "must be from 1 to " + std::to_string(kMaxIoThreads) + ", got " + std::to_string(u(v));
+  if (k == Kind::kSeconds && !(seconds(v) >= 0 && seconds(v) <= 1e9))  // also refuses NaN
+    return std::string("expected ") + kind_expectation(k);
   if (k == Kind::kLogLevel && !log_level_from(s(v), nullptr))
     return "unknown log level \"" + s(v) + "\" (expected " + kind_expectation(k) + ")";
   return "";
@@ -145,11 +157,19 @@ std::string value_from_text(Kind k, const std::string& text, Value* out) {
       *out = *r;
       return check_range(k, *out);
     }
-    case Kind::kThreads: {
+    case Kind::kThreads:
+    case Kind::kCount: {
       if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos)
         return std::string("expected ") + kind_expectation(k);
       if (t.size() > 9) return std::string("expected ") + kind_expectation(k);
       *out = static_cast<uint64_t>(std::stoull(t));
+      return check_range(k, *out);
+    }
+    case Kind::kSeconds: {
+      char* end = nullptr;
+      const double x = t.empty() ? -1 : std::strtod(t.c_str(), &end);
+      if (t.empty() || *end != '\0') return std::string("expected ") + kind_expectation(k);
+      *out = x;
       return check_range(k, *out);
     }
     case Kind::kString:
@@ -186,14 +206,24 @@ std::string value_from_toml(Kind k, const toml::node& n, Value* out) {
     case Kind::kSize:
     case Kind::kPositiveSize:
     case Kind::kThreads:
+    case Kind::kCount:
       if (n.is_integer()) {
         const int64_t i = n.as_integer()->get();
-        if (i < 0) return (k == Kind::kThreads ? "must be from 1 to 1024, got " : "negative size ") + std::to_string(i);
+        if (i < 0)
+          return (k == Kind::kThreads ? "must be from 1 to 1024, got "
+                                      : k == Kind::kCount ? "must be >= 0, got " : "negative size ") +
+                 std::to_string(i);
         *out = static_cast<uint64_t>(i);
         return check_range(k, *out);
       }
-      if (n.is_string() && k != Kind::kThreads) return value_from_text(k, n.as_string()->get(), out);
+      if (n.is_string() && k != Kind::kThreads && k != Kind::kCount)
+        return value_from_text(k, n.as_string()->get(), out);
       return std::string("expected ") + kind_expectation(k) + got;
+    case Kind::kSeconds:
+      if (n.is_integer()) *out = static_cast<double>(n.as_integer()->get());
+      else if (n.is_floating_point()) *out = n.as_floating_point()->get();
+      else return std::string("expected ") + kind_expectation(k) + got;
+      return check_range(k, *out);
     case Kind::kString:
       if (!n.is_string()) return std::string("expected ") + kind_expectation(k) + got;
       *out = n.as_string()->get();
@@ -255,6 +285,7 @@ Status apply_table(Config& c, const toml::table& root, const std::string& source
       for (auto&& [hk, hv] : *tbl) {
         std::string v;
         std::string err = hint_value(hv, &v);
+        if (err.empty()) err = storage::check_mpi_hint(std::string(hk.str()), v);  // cb_nodes = 0 crashes MPI
         if (!err.empty()) return bad(source, hv.source(), sec + "." + std::string(hk.str()), err);
         c.checkpointer.mpi_hints[std::string(hk.str())] = v;
       }
@@ -395,6 +426,9 @@ Status apply_env(Config& config) {
         return Status(ErrorCode::kInvalidArgument, std::string("environment variable ") + kHintsEnv + "=\"" + raw +
                                                        "\": item \"" + item + "\" is not key=value");
       c.checkpointer.mpi_hints[k] = trim(item.substr(eq + 1));
+      if (auto why = storage::check_mpi_hint(k, c.checkpointer.mpi_hints[k]); !why.empty())
+        return Status(ErrorCode::kInvalidArgument,
+                      std::string("environment variable ") + kHintsEnv + ": hint '" + k + "': " + why);
     }
   }
   // Unknown H5CKPT_* names are left alone (the scripts use the prefix), but a near-miss of one of

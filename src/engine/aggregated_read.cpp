@@ -242,7 +242,10 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
   uint64_t ext[2] = {pieces.empty() ? 0 : kNone - pieces.front().offset, 0};  // max of (kNone - lo) = min lo
   for (const ReadPiece& p : pieces) ext[1] = std::max(ext[1], p.offset + p.length);
   uint64_t all[2] = {0, 0};
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Allreduce(ext, all, 2, MPI_UINT64_T, MPI_MAX, comm), "MPI_Allreduce"));
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(
+      comm::mpi_status(MPI_Iallreduce(ext, all, 2, MPI_UINT64_T, MPI_MAX, comm, &req), "MPI_Iallreduce"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (extent)", comm));
   if (all[1] == 0) return report;  // nobody reads anything
   Geometry g;
   g.window = std::clamp<uint64_t>(window_bytes, kMinWindow, kMaxWindow);
@@ -263,16 +266,18 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
     sendbuf.push_back(c.length);
   }
   H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
-      MPI_Alltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm), "MPI_Alltoall"));
+      MPI_Ialltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm, &req), "MPI_Ialltoall"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (request counts)", comm));
   for (int r = 1; r < n; ++r) {
     sdispl[r] = sdispl[r - 1] + send_counts[r - 1];
     rdispl[r] = rdispl[r - 1] + recv_counts[r - 1];
   }
   std::vector<uint64_t> recvbuf(static_cast<size_t>(rdispl[n - 1]) + recv_counts[n - 1]);
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Alltoallv(sendbuf.data(), send_counts.data(), sdispl.data(),
-                                                        MPI_UINT64_T, recvbuf.data(), recv_counts.data(),
-                                                        rdispl.data(), MPI_UINT64_T, comm),
-                                          "MPI_Alltoallv"));
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(),
+                                                         MPI_UINT64_T, recvbuf.data(), recv_counts.data(),
+                                                         rdispl.data(), MPI_UINT64_T, comm, &req),
+                                          "MPI_Ialltoallv"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (requests)", comm));
   std::vector<std::vector<uint64_t>> asked(n);
   for (int r = 0; r < n; ++r) asked[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
   const std::vector<WindowPlan> plans = plan_windows(g, me, asked, cuts);
@@ -326,7 +331,8 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
       }
       if (j + 1 >= kSlots) {  // the oldest slot's sends must finish before it is read into again
         auto& done = sends[(j + 1) % kSlots];
-        Status st = comm::wait_asleep(static_cast<int>(done.size()), done.data(), kPollMicros, "read window sends");
+        Status st =
+            comm::wait_asleep(static_cast<int>(done.size()), done.data(), kPollMicros, "read window sends", comm);
         if (local.ok() && !st.ok()) local = st;
         reader.release_before(j + 2 - kSlots);
       }
@@ -342,15 +348,16 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
         for (const auto& b : blocks) bytes = std::max<uint64_t>(bytes, b.first + b.second);
         if (zeros.size() < bytes) zeros.assign(bytes, 0);
         (void)post(true, zeros.data(), blocks, rank, comm, sends[0]);
-        (void)comm::wait_asleep(static_cast<int>(sends[0].size()), sends[0].data(), kPollMicros, "sends");
+        (void)comm::wait_asleep(static_cast<int>(sends[0].size()), sends[0].data(), kPollMicros, "sends", comm);
         sends[0].clear();
       }
   }
   for (auto& s : sends) {
-    Status st = comm::wait_asleep(static_cast<int>(s.size()), s.data(), kPollMicros, "read window sends");
+    Status st = comm::wait_asleep(static_cast<int>(s.size()), s.data(), kPollMicros, "read window sends", comm);
     if (local.ok() && !st.ok()) local = st;
   }
-  Status st = comm::wait_asleep(static_cast<int>(recvs.size()), recvs.data(), kPollMicros, "read window receives");
+  Status st =
+      comm::wait_asleep(static_cast<int>(recvs.size()), recvs.data(), kPollMicros, "read window receives", comm);
   if (local.ok() && !st.ok()) local = st;
   if (file) report.bytes_read = file->bytes_read();
   if (!local.ok()) return local;

@@ -164,7 +164,10 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     Result<SaveReport> result = ready;
     if (!ready.ok()) {
       while (auto w = source->next()) source->done(*w);  // the snapshot must not wait for a writer
-      if (io.world.rank() == io.coordinator) (void)storage::remove_tree(job->temp);
+      if (io.world.rank() == io.coordinator) {
+        (void)storage::remove_tree(job->temp);
+        storage::release_save_lock(job->path);  // held since save_prepare
+      }
     } else if (Status written = save_write(io, *job, copts, *source); !written.ok()) {
       result = written;
     } else {

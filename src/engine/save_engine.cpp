@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "comm/deadline.h"
 #include "device/staging.h"
 #include "engine/engine.h"
 #include "metrics/log.h"
@@ -15,7 +16,9 @@
 #include "storage/commit.h"
 #include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
+#include "storage/leftovers.h"
 #include "storage/metadata.h"
+#include "storage/retention.h"  // [retention]
 #include "util/phase.h"
 
 namespace h5ckpt::engine {
@@ -134,8 +137,10 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   job.attributes = attributes;
   const MPI_Comm world = topo.world.get();
   const bool coordinator = topo.world.rank() == topo.coordinator;
+  bool locked = false;  // [save-lock] this coordinator holds the directory's save lock
   auto fail = [&](const Status& st) {
     if (coordinator && !job.temp.empty()) (void)storage::remove_tree(job.temp);
+    if (locked) storage::release_save_lock(job.path);  // [save-lock]
     return st.with_context("save '" + path + "'");
   };
 
@@ -145,13 +150,17 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   int cached = local.ok() && cache.tensors && cache.local_signature == signature ? 1 : 0;
   job.report.plan_s = now_s() - job.t0;  // planning is the checks and any re-plan, not the directory
   if (coordinator && local.ok()) {
+    local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
+    locked = local.ok();
+  }
+  if (coordinator && local.ok()) {
     auto temp = make_temp_dir(job.path, options.overwrite);
     if (temp.ok()) job.temp = std::move(temp).value();
     else local = temp.status();
   }
   // One agreement: any failure anywhere, and whether every rank's structure is the cached one.
   if (Status a = comm::agree(local, world, &cached); !a.ok()) return fail(a);
-  H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(job.temp, topo.coordinator, world));
+  if (Status b = comm::bcast_bytes(job.temp, topo.coordinator, world); !b.ok()) return fail(b);
   job.report.plan_cached = cached != 0;
   if (!cached) {
     const double p0 = now_s();
@@ -255,6 +264,7 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   auto fail = [&](const Status& s) {
     drain(source);
     if (coordinator) (void)storage::remove_tree(job.temp);
+    if (coordinator) storage::release_save_lock(job.path);  // [save-lock]
     return s.with_context("save '" + job.path + "'");
   };
 
@@ -265,15 +275,38 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   std::optional<storage::DirectWriter> direct;
   {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
+    // Collectives inside parallel HDF5 cannot be polled: a watchdog bounds them instead.
+    std::optional<comm::BlockingGuard> guard(std::in_place, "parallel HDF5 file creation", world);
     auto writer = storage::ParallelWriter::create(data_file, world, tensors, copts.alignment, copts.mpi_hints);
+    guard.reset();
     if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a);
     job.offsets = writer->offsets();
     h5writer.emplace(std::move(writer).value());
     if (copts.direct_writes) {  // the file structure is complete: close it before raw writes
+      guard.emplace("parallel HDF5 close", world);
       Status closed = h5writer->close();
       h5writer.reset();
+      guard.reset();
       if (closed.ok() && coordinator) closed = storage::preallocate_file(data_file);
       if (Status a = comm::agree(closed, world); !a.ok()) return fail(a);
+    } else {
+      // Through HDF5 too, a full disk must fail here: an ENOSPC inside H5Dwrite on some ranks
+      // leaves their metadata caches dirty and the collective close then runs mismatched
+      // collectives (a hang). The file is open, so its final size comes from the datasets.
+      uint64_t end = 0;
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        uint64_t n = dtype_size(tensors[t].dtype);
+        for (auto d : tensors[t].shape) n *= static_cast<uint64_t>(d);
+        if (job.offsets[t] >= 0) end = std::max<uint64_t>(end, static_cast<uint64_t>(job.offsets[t]) + n);
+      }
+      Status allocated = coordinator ? storage::preallocate_file(data_file, end) : Status::Ok();
+      if (Status a = comm::agree(allocated, world); !a.ok()) {
+        guard.emplace("parallel HDF5 close", world);
+        (void)h5writer->close();  // collective, and nothing was written: the caches agree
+        h5writer.reset();
+        guard.reset();
+        return fail(a);
+      }
     }
   }
   const double t_created = now_s();
@@ -317,6 +350,7 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
     if (local.ok()) local = synced;
   } else if (h5writer) {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
+    const comm::BlockingGuard guard("parallel HDF5 flush and close", world);
     Status closed = h5writer->close();  // collective: flush (MPI_File_sync) and close
     if (local.ok()) local = closed;
   }
@@ -367,6 +401,10 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
         st = storage::commit_checkpoint(job.temp, job.path, saved, job.options.overwrite, job.options.update_latest);
     }
     if (!st.ok()) (void)storage::remove_tree(job.temp);
+    if (st.ok()) (void)storage::remove_leftover_temps(job.path);  // of earlier failed or crashed saves
+    // [retention] only now that the new checkpoint is durable and `latest` names it
+    if (st.ok()) storage::retain_after_save(job.path, copts.keep_last, copts.keep_every);
+    storage::release_save_lock(job.path);  // [save-lock]
   }
   H5CKPT_RETURN_IF_ERROR(comm::agree(st, world).with_context("committing '" + job.path + "'"));
   const double t_end = now_s();
@@ -385,11 +423,10 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
   H5CKPT_ASSIGN_OR_RETURN(SaveJob job, save_prepare(topo, state, path, options, attributes, cache));
   bool any_device = false;
   for (const auto& it : state.items()) any_device = any_device || device::is_device_item(it);
-  // Device pieces are bounded by half the pool (or 64 MiB when the pool is unbounded).
-  const uint64_t half = !any_device ? 0
-                                    : std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes,
-                                                                               copts.staging_bytes ? copts.staging_bytes / 2
-                                                                                                   : 64ull << 20));
+  // Device pieces are bounded by half the pool (or kDeviceHalfBytes when the pool is unbounded).
+  constexpr uint64_t kDeviceHalfBytes = 64ull << 20;
+  const uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;
+  const uint64_t half = any_device ? std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes, bound)) : 0;
   auto source = caller_buffer_source(plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes),
                                      state, pool, half);
   H5CKPT_RETURN_IF_ERROR(save_write(topo, job, copts, *source));

@@ -9,16 +9,20 @@
 #include <unordered_map>
 
 #include "planner/box_math.h"
+#include "planner/region_overlap.h"
 #include "util/checked_math.h"
 
 namespace h5ckpt::planner {
+
+// Keys become HDF5 link paths and appear in every message and metadata entry: bounded.
+constexpr size_t kMaxKeyLength = 1024;
 
 Status validate_key(const std::string& key) {
   auto bad = [&](const std::string& why) {
     return Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + why);
   };
   if (key.empty()) return bad("empty key");
-  if (key.size() > 1024) return bad("longer than 1024 characters");
+  if (key.size() > kMaxKeyLength) return bad("longer than " + std::to_string(kMaxKeyLength) + " characters");
   for (char c : key) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '.' || c == '-' || c == '/';
@@ -61,45 +65,36 @@ std::string region_signature(const ShardSpec& s) {
   return sig;
 }
 
-// Sort-and-sweep along dim 0 over the regions' boxes: reports the first overlapping pair.
+// Coverage by element counts, disjointness by planner::find_overlap (O(n log n) for the usual
+// layouts: 100k one-row shards of a tensor would take minutes pairwise).
 Status check_disjoint_and_complete(const std::string& key, const Shape& shape,
                                    const std::vector<UniqueRegion>& regions) {
-  struct Piece {
-    Box box;
-    size_t region;
-  };
-  std::vector<Piece> pieces;
-  int64_t covered = 0;
-  for (size_t r = 0; r < regions.size(); ++r) {
-    for (auto& b : shard_boxes(regions[r].shard)) pieces.push_back({b, r});
-    covered += regions[r].shard.numel();
-  }
-  std::sort(pieces.begin(), pieces.end(),
-            [](const Piece& a, const Piece& b) { return a.box.offset[0] < b.box.offset[0]; });
-  std::vector<size_t> active;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const int64_t start = pieces[i].box.offset[0];
-    std::erase_if(active, [&](size_t j) {
-      return pieces[j].box.offset[0] + pieces[j].box.shape[0] <= start;
-    });
-    for (size_t j : active) {
-      if (pieces[j].region != pieces[i].region && intersect(pieces[j].box, pieces[i].box)) {
-        const auto& a = regions[pieces[j].region];
-        const auto& b = regions[pieces[i].region];
-        return Status(ErrorCode::kInvalidArgument,
-                      "key '" + key + "': shard " + to_string_spec(a.shard) + " on rank " +
-                          std::to_string(a.holders[0].rank) + " overlaps shard " + to_string_spec(b.shard) +
-                          " on rank " + std::to_string(b.holders[0].rank) +
-                          " without being identical (replicas must hold identical regions)");
-      }
-    }
-    active.push_back(i);
-  }
   int64_t total = 1;
   for (auto s : shape)
     if (s < 0 || !checked_mul(total, s, &total))
       return Status(ErrorCode::kInvalidArgument,
                     "key '" + key + "': global shape " + to_string_shape(shape) + " has too many elements");
+  std::vector<Box> pieces;
+  std::vector<size_t> region_of;
+  int64_t covered = 0;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    for (auto& b : shard_boxes(regions[r].shard)) {
+      pieces.push_back(std::move(b));
+      region_of.push_back(r);
+    }
+    if (!checked_add(covered, regions[r].shard.numel(), &covered)) covered = INT64_MAX;
+  }
+  auto overlap = find_overlap(shape, pieces);
+  if (!overlap.ok()) return overlap.status().with_context("key '" + key + "'");
+  if (*overlap) {  // pieces of one region never overlap: these are two regions
+    const auto& a = regions[region_of[(*overlap)->first]];
+    const auto& b = regions[region_of[(*overlap)->second]];
+    return Status(ErrorCode::kInvalidArgument,
+                  "key '" + key + "': shard " + to_string_spec(a.shard) + " on rank " +
+                      std::to_string(a.holders[0].rank) + " overlaps shard " + to_string_spec(b.shard) +
+                      " on rank " + std::to_string(b.holders[0].rank) +
+                      " without being identical (replicas must hold identical regions)");
+  }
   if (covered != total)
     return Status(ErrorCode::kInvalidArgument, "key '" + key + "': the ranks' shards cover " +
                                                    std::to_string(covered) + " of " + std::to_string(total) +

@@ -4,11 +4,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sys/file.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 
+#include "metrics/log.h"
 #include "storage/metadata.h"
+#include "storage/posix_io.h"
 
 namespace h5ckpt::storage {
 
@@ -16,7 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Status errno_status(const std::string& what, int err) {
+[[maybe_unused]] Status errno_status(const std::string& what, int err) {
   return Status(ErrorCode::kIo, what + ": " + std::strerror(err));
 }
 
@@ -45,135 +57,422 @@ bool is_temp_name(const std::string& dir) {
 }
 
 Status make_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0) return errno_status("cannot create directory '" + dir + "'", errno);
+  if (io::mkdir(dir, 0755) != 0) return io::error("mkdir", dir, errno);
   return Status::Ok();
 }
 
 Status fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return errno_status("cannot open '" + path + "' for fsync", errno);
-  int rc = ::fsync(fd);
+  int fd = io::open(path, O_RDONLY);
+  if (fd < 0) return io::error("open", path, errno);
+  int rc = io::fsync(fd);
   int err = errno;
-  ::close(fd);
+  io::close(fd);
   // Some file systems refuse fsync on directories (EINVAL); that is not a data-loss risk.
-  if (rc != 0 && err != EINVAL) return errno_status("fsync of '" + path + "' failed", err);
+  if (rc != 0 && err != EINVAL) return io::error("fsync", path, err);
   return Status::Ok();
 }
 
-Status write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return errno_status("cannot create '" + tmp + "'", errno);
+Status write_file_atomic(const std::string& path, const std::string& content, const std::string& tmp_name) {
+  const std::string tmp = tmp_name.empty() ? path + ".tmp" : tmp_name;
+  int fd = io::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return io::error("open", tmp, errno);
   size_t done = 0;
   while (done < content.size()) {
-    ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    ssize_t n = io::write(fd, content.data() + done, content.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return errno_status("writing '" + tmp + "' failed", err);
+      io::close(fd);
+      io::unlink(tmp);
+      return io::error("write", tmp, err);
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (io::fsync(fd) != 0) {
     int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return errno_status("fsync of '" + tmp + "' failed", err);
+    io::close(fd);
+    io::unlink(tmp);
+    return io::error("fsync", tmp, err);
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (io::close(fd) != 0) {
     int err = errno;
-    ::unlink(tmp.c_str());
-    return errno_status("rename to '" + path + "' failed", err);
+    io::unlink(tmp);
+    return io::error("close", tmp, err);
+  }
+  if (io::rename(tmp, path) != 0) {
+    int err = errno;
+    io::unlink(tmp);
+    return io::error("rename", tmp + "' to '" + path, err);
   }
   return fsync_path(parent_of(path));
 }
 
-Result<std::string> read_whole_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+Result<std::string> read_whole_file(const std::string& path, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO planted as metadata.json or latest must not wait for a writer.
+  int fd = io::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
-    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                  "cannot open '" + path + "': " + std::strerror(err));
+    return io::error("open", path, err, err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo);
+  }
+  struct stat sb {};
+  if (io::fstat(fd, &sb) != 0) {
+    const int err = errno;
+    io::close(fd);
+    return io::error("fstat", path, err);
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    io::close(fd);
+    return Status(ErrorCode::kCorrupt, "'" + path + "' is not a regular file");
   }
   std::string out;
   char buf[1 << 16];
   while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    ssize_t n = io::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      ::close(fd);
-      return errno_status("reading '" + path + "' failed", err);
+      io::close(fd);
+      return io::error("read", path, err);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {
+      io::close(fd);
+      return Status(ErrorCode::kCorrupt, "'" + path + "' is larger than " + std::to_string(max_bytes) + " bytes");
+    }
   }
-  ::close(fd);
+  io::close(fd);
   return out;
 }
 
 Status remove_tree(const std::string& dir) {
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  if (ec) return Status(ErrorCode::kIo, "cannot remove '" + dir + "': " + ec.message());
+  if (io::remove_all(dir) != 0) return io::error("remove", dir, errno);
   return Status::Ok();
 }
 
+namespace {
+
+// Tests force the two-rename fallback with H5CKPT_TEST_NO_RENAME_EXCHANGE.
+bool exchange_allowed() { return std::getenv("H5CKPT_TEST_NO_RENAME_EXCHANGE") == nullptr; }
+
+// Errors with which a file system says it cannot exchange two names.
+bool exchange_unsupported(int err) { return err == EINVAL || err == ENOSYS || err == ENOTSUP || err == EOPNOTSUPP; }
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+}  // namespace
+
+void test_crash_point(const char* point) {
+  const char* at = std::getenv("H5CKPT_TEST_CRASH_AT");  // read on every call: tests set it late
+  if (at == nullptr || std::strcmp(at, point) != 0) return;
+  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_CRASH_AT=%s: exiting as a crash would\n", point);
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
 Status publish_dir(const std::string& temp, const std::string& final_dir, bool overwrite) {
-  std::error_code ec;
-  std::string aside;
-  if (fs::exists(final_dir, ec)) {
-    if (!overwrite)
-      return Status(ErrorCode::kAlreadyExists,
-                    "checkpoint '" + final_dir + "' already exists (pass overwrite to replace it)");
-    aside = temp + ".old";
-    if (::rename(final_dir.c_str(), aside.c_str()) != 0)
-      return errno_status("cannot move old checkpoint '" + final_dir + "' aside", errno);
+  const std::string parent = parent_of(final_dir);
+  struct stat sb {};
+  if (::lstat(final_dir.c_str(), &sb) != 0) {
+    if (errno != ENOENT) return io::error("lstat", final_dir, errno);
+    if (io::rename(temp, final_dir) != 0) return io::error("rename", temp + "' to '" + final_dir, errno);
+    return fsync_path(parent);
   }
-  if (::rename(temp.c_str(), final_dir.c_str()) != 0) {
-    int err = errno;
-    if (!aside.empty()) ::rename(aside.c_str(), final_dir.c_str());  // put the old one back
-    return errno_status("cannot rename '" + temp + "' to '" + final_dir + "'", err);
+  if (!overwrite)
+    return Status(ErrorCode::kAlreadyExists,
+                  "checkpoint '" + final_dir + "' already exists (pass overwrite to replace it)");
+  // Swap the two names in one step: `final_dir` is a complete checkpoint at every instant, and
+  // `temp` then holds the old one until it is removed.
+  if (exchange_allowed()) {
+    if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      test_crash_point("publish");
+      H5CKPT_RETURN_IF_ERROR(fsync_path(parent));
+      // The new checkpoint is in place; a leftover old copy is only litter (removed by a later save).
+      if (Status st = remove_tree(temp); !st.ok())
+        metrics::log().warn("overwrote '{}', but the old copy stays: {}", final_dir, st.to_string());
+      return Status::Ok();
+    }
+    if (!exchange_unsupported(errno))
+      return io::error("renameat2", temp + "' to '" + final_dir, errno)
+          .with_context("exchanging with the old checkpoint");
   }
-  H5CKPT_RETURN_IF_ERROR(fsync_path(parent_of(final_dir)));
-  if (!aside.empty()) return remove_tree(aside);
+  // No exchange here: move the old one aside, then rename. A crash in between leaves no
+  // `final_dir`; loads of the parent then select the newest other checkpoint that validates.
+  const std::string aside = temp + ".old";
+  if (io::rename(final_dir, aside) != 0)
+    return io::error("rename", final_dir + "' to '" + aside, errno).with_context("moving the old checkpoint aside");
+  test_crash_point("publish");
+  if (io::rename(temp, final_dir) != 0) {
+    const int err = errno;
+    io::rename(aside, final_dir);  // put the old one back
+    return io::error("rename", temp + "' to '" + final_dir, err);
+  }
+  H5CKPT_RETURN_IF_ERROR(fsync_path(parent));
+  if (Status st = remove_tree(aside); !st.ok())
+    metrics::log().warn("overwrote '{}', but the old copy stays: {}", final_dir, st.to_string());
   return Status::Ok();
 }
 
 Status update_latest(const std::string& dir) {
-  return write_file_atomic((fs::path(parent_of(dir)) / kLatestFileName).string(), base_of(dir) + "\n");
+  test_crash_point("latest");
+  static std::atomic<uint64_t> seq{0};
+  const std::string latest = (fs::path(parent_of(dir)) / kLatestFileName).string();
+  // A name of its own per writer: two jobs (or nodes with equal pids) never write one temp file.
+  const std::string tmp = latest + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(seq.fetch_add(1));
+  return write_file_atomic(latest, base_of(dir) + "\n", tmp);
 }
+
+// ---- choosing what to load ------------------------------------------------------------------
+
+namespace {
+
+constexpr uint64_t kMaxLatestBytes = 4096;
+
+// The step a checkpoint's metadata records, without validating it (ordering only); false when
+// the metadata cannot be read or parsed.
+bool read_step(const std::string& dir, int64_t* step) {
+  auto text = read_whole_file((fs::path(dir) / kMetadataFileName).string());
+  if (!text.ok()) return false;
+  using nlohmann::json;
+  // Every top-level member but `step` is dropped while parsing (tensors can be large).
+  json::parser_callback_t keep_step = [](int depth, json::parse_event_t event, json& parsed) {
+    return !(event == json::parse_event_t::key && depth == 1 && parsed != "step");
+  };
+  json j = json::parse(*text, keep_step, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  auto it = j.find("step");
+  *step = it != j.end() && it->is_number_integer() ? it->get<int64_t>() : -1;
+  return true;
+}
+
+// A short printable excerpt of untrusted text for a message.
+std::string excerpt(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 40; ++i)
+    out += std::isprint(static_cast<unsigned char>(text[i])) ? text[i] : '?';
+  return text.size() > 40 ? out + "..." : out;
+}
+
+bool plausible_name(const std::string& name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  return std::all_of(name.begin(), name.end(),
+                     [](char c) { return c != '/' && std::isprint(static_cast<unsigned char>(c)); });
+}
+
+}  // namespace
+
+std::string read_latest_name(const std::string& root, std::string* problem) {
+  auto fail = [&](const std::string& why) {
+    if (problem) *problem = why;
+    return std::string();
+  };
+  const std::string path = (fs::path(root) / kLatestFileName).string();
+  struct stat sb {};
+  if (::lstat(path.c_str(), &sb) != 0)
+    return fail(errno == ENOENT ? "there is no 'latest'"
+                                : "'latest' cannot be examined: " + std::string(std::strerror(errno)));
+  if (S_ISLNK(sb.st_mode)) return fail("'latest' is a symbolic link (never followed)");
+  if (!S_ISREG(sb.st_mode)) return fail("'latest' is not a regular file");
+  auto text = read_whole_file(path, kMaxLatestBytes);
+  if (!text.ok()) return fail("'latest' cannot be read: " + text.status().message());
+  std::string name = std::move(text).value();
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (!plausible_name(name)) return fail("'latest' does not hold a checkpoint name (\"" + excerpt(name) + "\")");
+  if (is_temp_name(name)) return fail("'latest' names '" + name + "', a save that never committed");
+  return name;
+}
+
+Status validate_checkpoint_dir(const std::string& dir) {
+  const std::string meta = (fs::path(dir) / kMetadataFileName).string();
+  const std::string data = (fs::path(dir) / kDataFileName).string();
+  struct stat ms {}, ds {};
+  const bool has_meta = ::lstat(meta.c_str(), &ms) == 0;
+  const bool has_data = ::stat(data.c_str(), &ds) == 0;
+  if (!has_meta)
+    return has_data ? Status(ErrorCode::kNotCommitted, "'" + dir + "' has data but no " + kMetadataFileName +
+                                                           ": it was never committed")
+                    : Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
+  if (!has_data) return Status(ErrorCode::kCorrupt, "'" + dir + "' has no " + kDataFileName);
+  if (!S_ISREG(ds.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data + "' is not a regular file");
+  H5CKPT_ASSIGN_OR_RETURN(std::string json, read_whole_file(meta));
+  return metadata_from_json(json, static_cast<uint64_t>(ds.st_size)).status().with_context("'" + meta + "'");
+}
+
+std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& root) {
+  std::vector<CommittedCheckpoint> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (is_temp_name(name) || !plausible_name(name)) continue;
+    struct stat sb {};
+    if (::lstat(it->path().c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;  // symbolic links too
+    CommittedCheckpoint c{name, -1};
+    if (read_step(it->path().string(), &c.step)) out.push_back(std::move(c));
+  }
+  // Newest first: the step the trainer recorded, then the name (for equal or unset steps).
+  std::sort(out.begin(), out.end(), [](const CommittedCheckpoint& a, const CommittedCheckpoint& b) {
+    return a.step != b.step ? a.step > b.step : a.name > b.name;
+  });
+  return out;
+}
+
+namespace {
+
+// A directory of checkpoints: what `latest` names when it validates, else the newest that does.
+Result<std::string> select_in_directory(const std::string& root) {
+  std::string problem;
+  ErrorCode code = ErrorCode::kCorrupt;
+  const std::string named = read_latest_name(root, &problem);
+  const bool no_latest = named.empty() && problem == "there is no 'latest'";
+  if (no_latest) code = ErrorCode::kNotFound;
+  if (!named.empty()) {
+    const std::string dir = (fs::path(root) / named).string();
+    struct stat sb {};
+    Status st;
+    if (::lstat(dir.c_str(), &sb) != 0) {
+      problem = "'latest' names '" + named + "', which does not exist";
+      code = ErrorCode::kNotFound;
+    } else if (S_ISLNK(sb.st_mode)) {
+      problem = "'latest' names '" + named + "', a symbolic link (never followed)";
+    } else if (!S_ISDIR(sb.st_mode)) {
+      problem = "'latest' names '" + named + "', which is not a directory";
+    } else if (st = validate_checkpoint_dir(dir); !st.ok()) {
+      problem = "'latest' names '" + named + "', which does not validate (" + st.to_string() + ")";
+      code = st.code();
+    } else {
+      return dir;
+    }
+  }
+  std::string rejected;
+  for (const CommittedCheckpoint& c : committed_checkpoints(root)) {
+    if (c.name == named) continue;  // examined above
+    const std::string dir = (fs::path(root) / c.name).string();
+    if (Status st = validate_checkpoint_dir(dir); !st.ok()) {
+      rejected += (rejected.empty() ? "" : "; ") + c.name + ": " + st.message();
+      continue;
+    }
+    metrics::log().warn("'{}': {}; selected '{}' (step {}), the newest checkpoint there that validates{}", root,
+                        problem, c.name, c.step, rejected.empty() ? "" : " (skipped " + rejected + ")");
+    return dir;
+  }
+  if (no_latest && rejected.empty())
+    return Status(ErrorCode::kNotFound, "'" + root + "' holds no checkpoint (no " + kMetadataFileName + " or " +
+                                            kLatestFileName + ")");
+  return Status(code, "'" + root + "': " + problem + ", and no other checkpoint there validates" +
+                          (rejected.empty() ? "" : " (" + rejected + ")"));
+}
+
+}  // namespace
 
 Result<std::string> resolve_checkpoint_dir(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec))
     return Status(ErrorCode::kNotFound, "checkpoint '" + path + "' does not exist or is not a directory");
-  std::string dir = path;
-  if (!fs::exists(fs::path(dir) / kMetadataFileName, ec)) {
-    const fs::path latest = fs::path(dir) / kLatestFileName;
-    if (fs::exists(latest, ec)) {
-      H5CKPT_ASSIGN_OR_RETURN(std::string name, read_whole_file(latest.string()));
-      while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
-      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-        return Status(ErrorCode::kCorrupt, "'" + latest.string() + "' does not name a checkpoint");
-      dir = (fs::path(dir) / name).string();
-      if (!fs::is_directory(dir, ec))
-        return Status(ErrorCode::kNotFound, "'" + latest.string() + "' points at missing checkpoint '" + dir + "'");
+  const fs::path p(path);
+  const bool has_meta = fs::exists(fs::symlink_status(p / kMetadataFileName, ec));
+  const bool has_data = fs::exists(fs::symlink_status(p / kDataFileName, ec));
+  if (!has_meta && !has_data && !is_temp_name(path)) return select_in_directory(path);
+  // One checkpoint, named by the caller: no fallback, whatever is wrong is the answer.
+  if (is_temp_name(path))
+    return Status(ErrorCode::kNotCommitted, "'" + path + "' is an in-progress save that was never committed");
+  if (!has_meta)
+    return Status(ErrorCode::kNotCommitted, "checkpoint '" + path + "' has data but no " + kMetadataFileName +
+                                                ": it was never committed");
+  return path;
+}
+
+// ---- the save lock --------------------------------------------------------------------------
+
+namespace {
+
+std::mutex& held_mu() {
+  static std::mutex mu;
+  return mu;
+}
+// Lock file path -> descriptor, for the saves of this process (released from any thread).
+std::map<std::string, int>& held_locks() {
+  static std::map<std::string, int> held;
+  return held;
+}
+
+// Opens and locks `lock_path` without waiting. On contention the error names the holder, as
+// the holder wrote itself into the file.
+Result<int> lock_file(const std::string& lock_path, const std::string& dir) {
+  int fd = io::open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // Another user's lock file: flock works on a read-only descriptor too (the holder line stays).
+  if (fd < 0 && errno == EACCES) fd = io::open(lock_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return io::error("open", lock_path, errno).with_context("locking '" + dir + "' for a save");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      char buf[256] = {};
+      const ssize_t n = io::pread(fd, buf, sizeof buf - 1, 0);
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+      io::close(fd);
+      return Status(ErrorCode::kAlreadyExists,
+                    "another save into '" + dir + "' is in progress (lock '" + lock_path + "' held by " +
+                        (holder.empty() ? std::string("an unknown process") : excerpt(holder)) +
+                        "); two jobs must not save into one directory at once");
     }
+    if (err != ENOLCK && err != EOPNOTSUPP && err != ENOSYS) {
+      io::close(fd);
+      return io::error("flock", lock_path, err);
+    }
+    metrics::log().warn("'{}': the file system does not support flock ({}); concurrent saves are not detected",
+                        lock_path, std::strerror(err));
+    return fd;
   }
-  if (is_temp_name(dir))
-    return Status(ErrorCode::kNotCommitted, "'" + dir + "' is an in-progress save that was never committed");
-  if (!fs::exists(fs::path(dir) / kMetadataFileName, ec)) {
-    if (fs::exists(fs::path(dir) / kDataFileName, ec))
-      return Status(ErrorCode::kNotCommitted, "checkpoint '" + dir + "' has data but no " +
-                                                  kMetadataFileName + ": it was never committed");
-    return Status(ErrorCode::kNotFound, "'" + path + "' holds no checkpoint (no " + kMetadataFileName + " or " +
-                                            kLatestFileName + ")");
-  }
-  return dir;
+  const std::string me = "host=" + host_name() + " pid=" + std::to_string(::getpid()) + "\n";
+  // Informational only, so a raw call: an injected pwrite fault (H5CKPT_FAULT) is for the data path.
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, me.data(), me.size(), 0);
+  return fd;
+}
+
+void unlock_file(int fd) {
+  ::flock(fd, LOCK_UN);
+  io::close(fd);  // the file stays: removing it would let two holders lock different inodes
+}
+
+}  // namespace
+
+Status acquire_save_lock(const std::string& final_dir) {
+  const std::string parent = parent_of(final_dir);
+  const std::string lock_path = (fs::path(parent) / kLockFileName).string();
+  std::error_code ec;
+  // No parent directory: there is nothing to protect, and making the temporary directory fails next.
+  if (!fs::is_directory(parent, ec)) return Status::Ok();
+  std::lock_guard<std::mutex> guard(held_mu());
+  if (held_locks().count(lock_path))
+    return Status(ErrorCode::kAlreadyExists, "another save into '" + parent + "' is in progress in this process (pid " +
+                                                 std::to_string(::getpid()) + ")");
+  H5CKPT_ASSIGN_OR_RETURN(int fd, lock_file(lock_path, parent));
+  held_locks()[lock_path] = fd;
+  return Status::Ok();
+}
+
+void release_save_lock(const std::string& final_dir) {
+  const std::string lock_path = (fs::path(parent_of(final_dir)) / kLockFileName).string();
+  std::lock_guard<std::mutex> guard(held_mu());
+  auto it = held_locks().find(lock_path);
+  if (it == held_locks().end()) return;
+  unlock_file(it->second);
+  held_locks().erase(it);
+}
+
+ScopedDirLock::~ScopedDirLock() {
+  if (fd_ >= 0) unlock_file(fd_);
+}
+
+Result<ScopedDirLock> ScopedDirLock::acquire(const std::string& root) {
+  ScopedDirLock lock;
+  H5CKPT_ASSIGN_OR_RETURN(lock.fd_, lock_file((fs::path(root) / kLockFileName).string(), root));
+  return lock;
 }
 
 }  // namespace h5ckpt::storage

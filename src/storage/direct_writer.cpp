@@ -12,6 +12,7 @@
 
 #include "metrics/log.h"
 #include "planner/box_math.h"
+#include "storage/posix_io.h"
 
 namespace h5ckpt::storage {
 
@@ -33,33 +34,33 @@ char* bounce() {
 
 }  // namespace
 
-Status preallocate_file(const std::string& data_file) {
-  const int fd = ::open(data_file.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return Status(ErrorCode::kIo, "cannot open '" + data_file + "': " + std::strerror(errno));
+Status preallocate_file(const std::string& data_file, uint64_t bytes) {
+  const int fd = io::open(data_file, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return io::error("open", data_file, errno);
   struct stat st {};
   Status result;
-  if (::fstat(fd, &st) != 0) {
-    result = Status(ErrorCode::kIo, "cannot stat '" + data_file + "': " + std::strerror(errno));
-  } else if (st.st_size > 0) {
+  if (io::fstat(fd, &st) != 0) {
+    result = io::error("fstat", data_file, errno);
+  } else if (bytes = std::max<uint64_t>(bytes, static_cast<uint64_t>(st.st_size)); bytes > 0) {
     int err = 0;
-    while ((err = ::posix_fallocate(fd, 0, st.st_size)) == EINTR) {
+    while ((err = io::fallocate(fd, 0, static_cast<off_t>(bytes))) == EINTR) {
     }
     if (err == ENOSPC)
-      result = Status(ErrorCode::kIo, "no space left for '" + data_file + "': the checkpoint needs " +
-                                          std::to_string(st.st_size) + " bytes");
+      result = Status(ErrorCode::kIo, io::error("fallocate", data_file, err).message() + " (the checkpoint needs " +
+                                          std::to_string(bytes) + " bytes)");
     else if (err != 0 && err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
-      result = Status(ErrorCode::kIo, "fallocate of '" + data_file + "' failed: " + std::strerror(err));
+      result = io::error("fallocate", data_file, err);
   }
-  ::close(fd);
+  io::close(fd);
   return result;
 }
 
 Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direct_io) {
   DirectWriter w;
   w.path_ = data_file;
-  w.fd_ = ::open(data_file.c_str(), O_WRONLY | O_CLOEXEC);
-  if (w.fd_ < 0) return Status(ErrorCode::kIo, "cannot open '" + data_file + "' for writing: " + std::strerror(errno));
-  if (direct_io) w.direct_fd_ = ::open(data_file.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: not supported
+  w.fd_ = io::open(data_file, O_WRONLY | O_CLOEXEC);
+  if (w.fd_ < 0) return io::error("open", data_file, errno);
+  if (direct_io) w.direct_fd_ = io::open(data_file, O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: not supported
   return w;
 }
 
@@ -70,16 +71,16 @@ DirectWriter::DirectWriter(DirectWriter&& o) noexcept
 }
 
 DirectWriter::~DirectWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (direct_fd_ >= 0) ::close(direct_fd_);
+  if (fd_ >= 0) io::close(fd_);
+  if (direct_fd_ >= 0) io::close(direct_fd_);
 }
 
 Status DirectWriter::pwrite_all(int fd, const char* p, uint64_t left, uint64_t off) {
   while (left) {
-    ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(left, 1ull << 30), static_cast<off_t>(off));
+    ssize_t w = io::pwrite(fd, p, std::min<uint64_t>(left, 1ull << 30), static_cast<off_t>(off));
     if (w < 0) {
       if (errno == EINTR) continue;
-      return Status(ErrorCode::kIo, "pwrite to '" + path_ + "' failed: " + std::strerror(errno));
+      return io::error("pwrite", path_, errno);
     }
     p += w;
     off += static_cast<uint64_t>(w);
@@ -101,15 +102,15 @@ Status DirectWriter::write_direct(const char* p, uint64_t len, uint64_t off) {
       std::memcpy(b, p, n);
       src = b;
     }
-    ssize_t w = ::pwrite(direct_fd_, src, n, static_cast<off_t>(off));
+    ssize_t w = io::pwrite(direct_fd_, src, n, static_cast<off_t>(off));
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EINVAL) {  // the file system refuses O_DIRECT here: page cache from now on
       metrics::log().debug("O_DIRECT write refused on '{}': using buffered writes", path_);
-      ::close(direct_fd_);
+      io::close(direct_fd_);
       direct_fd_ = -1;
       return pwrite_all(fd_, p, len, off);
     }
-    if (w < 0) return Status(ErrorCode::kIo, "pwrite to '" + path_ + "' failed: " + std::strerror(errno));
+    if (w < 0) return io::error("pwrite", path_, errno);
     const uint64_t done = static_cast<uint64_t>(w);
     direct_bytes_ += done;
     if (done < n) H5CKPT_RETURN_IF_ERROR(pwrite_all(fd_, p + done, n - done, off + done));  // short write
@@ -151,10 +152,10 @@ Status DirectWriter::write(int64_t dataset_offset, const Shape& shape, DType dty
 
 Status DirectWriter::sync_and_close() {
   Status st;
-  if (::fsync(fd_) != 0) st = Status(ErrorCode::kIo, "fsync of '" + path_ + "' failed: " + std::strerror(errno));
-  if (::close(fd_) != 0 && st.ok()) st = Status(ErrorCode::kIo, "close of '" + path_ + "' failed: " + std::strerror(errno));
+  if (io::fsync(fd_) != 0) st = io::error("fsync", path_, errno);
+  if (io::close(fd_) != 0 && st.ok()) st = io::error("close", path_, errno);
   fd_ = -1;
-  if (direct_fd_ >= 0) ::close(direct_fd_);
+  if (direct_fd_ >= 0) io::close(direct_fd_);
   direct_fd_ = -1;
   return st;
 }

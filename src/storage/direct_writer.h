@@ -14,7 +14,8 @@ namespace h5ckpt::storage {
 /// Allocates the disk blocks of the whole file up front (fallocate): the ranks' concurrent writes
 /// then fill one contiguous allocation instead of interleaving their extents, and a full disk is
 /// reported before any byte is written. A file system without fallocate is not an error.
-Status preallocate_file(const std::string& data_file);
+/// `bytes`: the size the file will have (0: its current size, for a file HDF5 has closed).
+Status preallocate_file(const std::string& data_file, uint64_t bytes = 0);
 
 class DirectWriter {
  public:

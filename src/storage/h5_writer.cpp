@@ -1,6 +1,7 @@
 #include "storage/h5_writer.h"
 
 #include "planner/box_math.h"
+#include "storage/mpi_hints.h"
 
 namespace h5ckpt::storage {
 
@@ -8,6 +9,8 @@ Result<ParallelWriter> ParallelWriter::create(const std::string& file, MPI_Comm 
                                               const std::vector<planner::TensorPlan>& tensors, uint64_t alignment,
                                               const std::map<std::string, std::string>& mpi_hints) {
   hdf5_quiet();
+  // Same hints on every rank, checked before the collective create: all ranks return this error.
+  H5CKPT_RETURN_IF_ERROR(validate_mpi_hints(mpi_hints));
   ParallelWriter w;
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
   MPI_Info info = MPI_INFO_NULL;

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "planner/box_math.h"
+#include "planner/region_overlap.h"
 #include "planner/save_planner.h"
 #include "util/checked_math.h"
 
@@ -26,23 +29,39 @@ std::string hex64(uint64_t v) {
 
 Status corrupt(const std::string& why) { return Status(ErrorCode::kCorrupt, "metadata: " + why); }
 
-// Reads an int64 array field; false if absent or of the wrong type.
-bool get_shape(const json& j, const char* name, Shape* out) {
-  auto it = j.find(name);
-  if (it == j.end() || !it->is_array() || it->size() > kMaxDims) return false;
-  out->clear();
-  for (const auto& v : *it) {
-    if (!v.is_number_integer()) return false;
-    out->push_back(v.get<int64_t>());
+// An integer JSON value that fits T exactly; floats, and integers outside T's range (which
+// nlohmann's get<T>() would silently wrap), are refused.
+template <class T>
+bool as_int(const json& v, T* out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (!std::in_range<T>(u)) return false;
+    *out = static_cast<T>(u);
+    return true;
   }
+  if (!v.is_number_integer()) return false;
+  const int64_t i = v.get<int64_t>();
+  if (!std::in_range<T>(i)) return false;
+  *out = static_cast<T>(i);
   return true;
 }
 
 template <class T>
 bool get_int(const json& j, const char* name, T* out) {
   auto it = j.find(name);
-  if (it == j.end() || !it->is_number_integer()) return false;
-  *out = it->get<T>();
+  return it != j.end() && as_int(*it, out);
+}
+
+// Reads an int64 array field; false if absent or of the wrong type.
+bool get_shape(const json& j, const char* name, Shape* out) {
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_array() || it->size() > kMaxDims) return false;
+  out->clear();
+  for (const auto& v : *it) {
+    int64_t x = 0;
+    if (!as_int(v, &x)) return false;
+    out->push_back(x);
+  }
   return true;
 }
 
@@ -52,6 +71,31 @@ bool get_str(const json& j, const char* name, std::string* out) {
   *out = it->get<std::string>();
   return true;
 }
+
+// Deepest bracket nesting outside strings, stopping early past `limit`. nlohmann::json's dump()
+// (run for the self-checksum) recurses once per level, so a document nested 100k deep would
+// overflow the stack before any field is looked at; this linear scan runs first.
+bool nesting_within(const std::string& text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+// Format v1 nests 5 deep (tensors -> regions -> offset); newer writers get room to grow.
+constexpr int kMaxNesting = 64;
 
 }  // namespace
 
@@ -73,6 +117,12 @@ std::string metadata_to_json(const CheckpointInfo& info) {
   j["topology"] = std::move(topo);
   j["attributes"] = info.attributes;
   json tensors = json::array();
+  // "checksums": every region carries its xxh3. The in-memory form cannot tell a checksum of 0
+  // from none, so a region whose sum is 0 (odds 2^-64) writes false, which only weakens the check.
+  bool all_sums = true;
+  for (const auto& t : info.tensors)
+    for (const auto& r : t.regions) all_sums = all_sums && r.checksum != 0;
+  j["checksums"] = all_sums;
   for (const auto& t : info.tensors) {
     json jt;
     jt["key"] = t.key;
@@ -105,6 +155,8 @@ std::string metadata_to_json(const CheckpointInfo& info) {
 }
 
 Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data_file_size) {
+  if (!nesting_within(text, kMaxNesting))
+    return corrupt("nested deeper than " + std::to_string(kMaxNesting) + " levels (damaged or hostile file)");
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return corrupt("not valid JSON (truncated or damaged file?)");
   std::string sum;
@@ -117,31 +169,44 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
   CheckpointInfo info;
   std::string format;
   if (!get_str(j, "format", &format) || format != kFormatName) return corrupt("format is not 'h5ckpt'");
-  if (!get_int(j, "format_version", &info.format_version)) return corrupt("missing format_version");
-  if (info.format_version > kFormatVersion)
-    return Status(ErrorCode::kUnsupported, "checkpoint format version " + std::to_string(info.format_version) +
+  if (auto v = j.find("format_version"); v != j.end() && v->is_number_unsigned() &&
+                                          v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersion))
+    return Status(ErrorCode::kUnsupported, "checkpoint format version " + std::to_string(v->get<uint64_t>()) +
                                                " is newer than this library's (" +
                                                std::to_string(kFormatVersion) + ")");
+  if (!get_int(j, "format_version", &info.format_version)) return corrupt("missing or out-of-range format_version");
   get_str(j, "library_version", &info.library_version);
-  get_int(j, "step", &info.step);
+  if (auto st = j.find("step"); st != j.end() && st->is_number() && !as_int(*st, &info.step))
+    return corrupt("step is not a 64-bit integer");
   if (!get_str(j, "data_file", &info.data_file) || info.data_file != kDataFileName)
     return corrupt("data_file must be '" + std::string(kDataFileName) + "'");
   const auto topo = j.find("topology");
   if (topo == j.end() || !topo->is_object()) return corrupt("missing topology");
   if (!get_int(*topo, "tp", &info.saved_sizes.tp) || !get_int(*topo, "dp", &info.saved_sizes.dp) ||
       !get_int(*topo, "pp", &info.saved_sizes.pp))
-    return corrupt("topology sizes missing");
+    return corrupt("topology sizes missing or out of range");
   if (auto c = topo->find("coords"); c != topo->end() && c->is_array()) {
     for (const auto& e : *c) {
-      if (!e.is_array() || e.size() != 3 || !e[0].is_number_integer() || !e[1].is_number_integer() ||
-          !e[2].is_number_integer())
+      RankCoords rc;
+      if (!e.is_array() || e.size() != 3 || !as_int(e[0], &rc.tp) || !as_int(e[1], &rc.dp) || !as_int(e[2], &rc.pp))
         return corrupt("malformed topology coords");
-      info.saved_coords.push_back(RankCoords{e[0].get<int>(), e[1].get<int>(), e[2].get<int>()});
+      info.saved_coords.push_back(rc);
     }
   }
   if (auto a = j.find("attributes"); a != j.end() && a->is_object())
     for (auto it = a->begin(); it != a->end(); ++it)
       if (it->is_string()) info.attributes[it.key()] = it->get<std::string>();
+  // Whether every region must carry a checksum: the flag when present; files written before it
+  // existed had all regions checksummed or none, so one checksum anywhere means all.
+  bool need_sums = false;
+  if (auto c = j.find("checksums"); c != j.end()) {
+    if (!c->is_boolean()) return corrupt("'checksums' is not a boolean");
+    need_sums = c->get<bool>();
+  } else if (auto ts = j.find("tensors"); ts != j.end() && ts->is_array()) {
+    for (const auto& jt : *ts)
+      if (auto rs = jt.find("regions"); jt.is_object() && rs != jt.end() && rs->is_array())
+        for (const auto& jr : *rs) need_sums = need_sums || (jr.is_object() && jr.contains("xxh3"));
+  }
 
   const auto tensors = j.find("tensors");
   if (tensors == j.end() || !tensors->is_array()) return corrupt("missing tensor list");
@@ -158,7 +223,7 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
     t.dtype = *dtype;
     if (!get_shape(jt, "shape", &t.shape) || t.shape.empty()) return bad("missing or malformed shape");
     if (!get_int(jt, "file_offset", &t.file_offset) || !get_int(jt, "nbytes", &t.nbytes))
-      return bad("missing file_offset/nbytes");
+      return bad("missing or out-of-range file_offset/nbytes");
     int64_t numel = 1, nbytes = 0;
     for (auto s : t.shape)
       if (s < 0 || !checked_mul(numel, s, &numel)) return bad("shape " + to_string_shape(t.shape) + " invalid");
@@ -175,16 +240,19 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
     }
     const auto regions = jt.find("regions");
     if (regions == jt.end() || !regions->is_array()) return bad("missing regions");
-    std::vector<std::vector<planner::ItemDesc>> as_ranks;  // reuse the planner's checks
+    int64_t covered = 0;
+    std::vector<Box> pieces;
+    std::vector<size_t> region_of;
     for (const auto& jr : *regions) {
       SavedRegion r;
       if (!jr.is_object() || !get_shape(jr, "offset", &r.shard.box.offset) ||
           !get_shape(jr, "shape", &r.shard.box.shape))
         return bad("malformed region");
       if (auto f = jr.find("flat"); f != jr.end()) {
-        if (!f->is_array() || f->size() != 2 || !(*f)[0].is_number_integer() || !(*f)[1].is_number_integer())
+        std::pair<int64_t, int64_t> range;
+        if (!f->is_array() || f->size() != 2 || !as_int((*f)[0], &range.first) || !as_int((*f)[1], &range.second))
           return bad("malformed flat range");
-        r.shard.flat = std::make_pair((*f)[0].get<int64_t>(), (*f)[1].get<int64_t>());
+        r.shard.flat = range;
       }
       if (!get_int(jr, "writer", &r.writer_rank) || r.writer_rank < 0 || (world > 0 && r.writer_rank >= world))
         return bad("region writer rank invalid");
@@ -193,17 +261,30 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
         if (x.size() != 16 || x.find_first_not_of("0123456789abcdef") != std::string::npos)
           return bad("malformed region checksum");
         r.checksum = std::stoull(x, nullptr, 16);
+      } else if (need_sums) {
+        return bad("region " + to_string_spec(r.shard) + " has no checksum in a checkpoint saved with checksums");
       }
       if (auto st = r.shard.validate(t.shape); !st.ok()) return corrupt(st.message()).with_context(t.key);
       if (r.shard.numel() == 0) return bad("empty region");
-      as_ranks.push_back({planner::ItemDesc{t.key, t.dtype, t.shape, r.shard}});
+      if (!checked_add(covered, r.shard.numel(), &covered)) covered = INT64_MAX;
+      for (auto& b : planner::shard_boxes(r.shard)) {
+        pieces.push_back(std::move(b));
+        region_of.push_back(t.regions.size());
+      }
       t.regions.push_back(std::move(r));
     }
-    // Disjoint and complete: the same check the save planner applies (one region per "rank").
-    auto plan = planner::plan_save(as_ranks);
-    if (!plan.ok()) return Status(ErrorCode::kCorrupt, "metadata: " + plan.status().message());
-    if (!plan->tensors.empty() && plan->tensors[0].regions.size() != t.regions.size())
-      return bad("a region is listed twice");
+    // Disjoint and complete: together with disjointness, the element count proves exact cover
+    // (an empty region list covers nothing, so a non-empty tensor cannot drop its checksums).
+    auto overlap = planner::find_overlap(t.shape, pieces);
+    if (!overlap.ok()) return overlap.status().with_context("metadata: tensor '" + t.key + "'");  // too fragmented
+    if (*overlap) {
+      const auto& a = t.regions[region_of[(*overlap)->first]].shard;
+      const auto& b = t.regions[region_of[(*overlap)->second]].shard;
+      if (a == b) return bad("a region is listed twice: " + to_string_spec(a));
+      return bad("regions " + to_string_spec(a) + " and " + to_string_spec(b) + " overlap");
+    }
+    if (covered != numel)
+      return bad("regions cover " + std::to_string(covered) + " of " + std::to_string(numel) + " elements");
     info.tensors.push_back(std::move(t));
   }
   std::sort(info.tensors.begin(), info.tensors.end(),

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "storage/posix_io.h"
 #include "util/dtype_convert.h"
 
 namespace h5ckpt::storage {
@@ -23,14 +24,13 @@ constexpr uint64_t kMaxGapForTinyRuns = 64u << 10;
 Result<RegionReader> RegionReader::open(const std::string& data_file) {
   RegionReader r;
   r.path_ = data_file;
-  r.fd_ = ::open(data_file.c_str(), O_RDONLY | O_CLOEXEC);
+  r.fd_ = io::open(data_file, O_RDONLY | O_CLOEXEC);
   if (r.fd_ < 0) {
     int err = errno;
-    return Status(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                  "cannot open data file '" + data_file + "': " + std::strerror(err));
+    return io::error("open", data_file, err, err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo);
   }
   struct stat st {};
-  if (::fstat(r.fd_, &st) != 0) return Status(ErrorCode::kIo, "cannot stat '" + data_file + "'");
+  if (io::fstat(r.fd_, &st) != 0) return io::error("fstat", data_file, errno);
   r.size_ = static_cast<uint64_t>(st.st_size);
   return r;
 }
@@ -41,7 +41,7 @@ RegionReader::RegionReader(RegionReader&& o) noexcept
 }
 
 RegionReader::~RegionReader() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) io::close(fd_);
 }
 
 Status RegionReader::pread_exact(void* buf, uint64_t len, uint64_t off) {
@@ -52,10 +52,10 @@ Status RegionReader::pread_exact(void* buf, uint64_t len, uint64_t off) {
   auto* p = static_cast<char*>(buf);
   uint64_t done = 0;
   while (done < len) {
-    ssize_t n = ::pread(fd_, p + done, len - done, static_cast<off_t>(off + done));
+    ssize_t n = io::pread(fd_, p + done, len - done, static_cast<off_t>(off + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Status(ErrorCode::kIo, "pread of '" + path_ + "' failed: " + std::strerror(errno));
+      return io::error("pread", path_, errno);
     }
     if (n == 0) return Status(ErrorCode::kCorrupt, "unexpected end of '" + path_ + "' (truncated file)");
     done += static_cast<uint64_t>(n);

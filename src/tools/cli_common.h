@@ -31,6 +31,7 @@ void register_verify(CLI::App& app, int* exit_code);
 void register_diff(CLI::App& app, int* exit_code);
 void register_export(CLI::App& app, int* exit_code);
 void register_reshard(CLI::App& app, int* exit_code);
+void register_prune(CLI::App& app, int* exit_code);
 
 /// Exit status for a failed Status: corrupt data is a failed check, the rest an error.
 int exit_for(const Status& st);

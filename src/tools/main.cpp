@@ -9,11 +9,12 @@
 int main(int argc, char** argv) {
   using namespace h5ckpt::cli;
   CLI::App app{"h5ckpt " + std::string(h5ckpt::version()) +
-               ": inspect, verify, compare, export and reshard h5ckpt checkpoints"};
+               ": inspect, verify, compare, export, reshard and prune h5ckpt checkpoints"};
   app.set_version_flag("--version", std::string(h5ckpt::version()));
   app.require_subcommand(1);
   int exit_code = kExitOk;
-  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard, register_report})
+  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard, register_report,
+                         register_prune})
     reg(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -17,7 +17,10 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,6 +48,8 @@ struct Options {
   std::vector<std::string> compare;
   bool quiet = false;
   std::string config_file;
+  int64_t keep_last = -1, keep_every = -1;  // retention flags; -1: as configured
+  double timeout_s = -1;                     // --timeout-s; -1: as configured
   Config ck;  // resolved checkpointer, save and load settings
 };
 
@@ -138,7 +143,20 @@ int train(Options& o, int world) {
   auto topo = Topology::create(MPI_COMM_WORLD, o.cfg.sizes);
   if (!all_ok(topo.status(), "topology")) return 1;
   const RankCoords me = topo->coords();
-  Workload w(o.cfg, *topo);
+  // A model too large for this rank's memory throws while its buffers are sized (no collective
+  // runs in there); every rank learns of it and exits with an error instead of an abort.
+  std::unique_ptr<Workload> built;
+  Status mem;
+  try {
+    built = std::make_unique<Workload>(o.cfg, *topo);
+  } catch (const std::bad_alloc&) {
+    mem = Status(ErrorCode::kInvalidArgument, "out of memory building the model (layout " + o.cfg.layout_tag() +
+                                                  "): use a smaller model or more ranks");
+  } catch (const std::length_error&) {
+    mem = Status(ErrorCode::kInvalidArgument, "the model's shards exceed the largest possible buffer");
+  }
+  if (!all_ok(mem, "building the model")) return 1;
+  Workload& w = *built;
   Checkpointer ck(*topo, o.ck.checkpointer);
   ck.set_attribute("trainer.layout", o.cfg.layout_tag());
   ck.set_attribute("trainer.vocab", std::to_string(o.cfg.model.vocab));  // checked when resuming
@@ -437,6 +455,18 @@ int main(int argc, char** argv) {
       ->expected(2)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--quiet", o.quiet, "print errors only");
+  app.add_option("--keep-last", o.keep_last,
+                 "after each save keep the N newest checkpoints in --ckpt-dir, delete older ones (0: keep all; "
+                 "default: checkpointer.keep_last)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-every", o.keep_every,
+                 "with --keep-last: also keep every checkpoint whose step is a multiple of K (default: "
+                 "checkpointer.keep_every)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout-s", o.timeout_s,
+                 "deadline in seconds of every wait of a save/load for other ranks; past it the job aborts "
+                 "(0: none; default: checkpointer.timeout_s, 600)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--config", o.config_file,
                  "h5ckpt settings (TOML, see config/h5ckpt.toml); default $H5CKPT_CONFIG; H5CKPT_* "
                  "environment variables override the file");
@@ -459,6 +489,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.ck = std::move(resolved).value();
+  if (o.keep_last >= 0) o.ck.checkpointer.keep_last = o.keep_last;  // flags override file and environment
+  if (o.keep_every >= 0) o.ck.checkpointer.keep_every = o.keep_every;
+  if (o.timeout_s >= 0) o.ck.checkpointer.timeout_s = o.timeout_s;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

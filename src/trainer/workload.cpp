@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -54,11 +55,16 @@ Status TrainConfig::validate(int world_size) const {
   auto bad = [](const std::string& m) { return Status(ErrorCode::kInvalidArgument, m); };
   const auto& m = model;
   if (sizes.tp < 1 || sizes.pp < 1 || sizes.dp < 1) return bad("--tp, --pp and --dp must be >= 1");
-  if (world_size != sizes.tp * sizes.pp * sizes.dp)
-    return bad("world size " + std::to_string(world_size) + " != tp*pp*dp = " + std::to_string(sizes.tp) +
-               "*" + std::to_string(sizes.pp) + "*" + std::to_string(sizes.dp) + " = " +
-               std::to_string(sizes.tp * sizes.pp * sizes.dp) + " (launch with mpiexec -n " +
-               std::to_string(sizes.tp * sizes.pp * sizes.dp) + ")");
+  // In 64 bits and checked: --tp 65536 --dp 65536 wrapped to 0 in int ("launch with mpiexec -n 0").
+  int64_t want = 0;
+  const std::string product =
+      std::to_string(sizes.tp) + "*" + std::to_string(sizes.pp) + "*" + std::to_string(sizes.dp);
+  if (__builtin_mul_overflow(int64_t{sizes.tp}, int64_t{sizes.pp}, &want) ||
+      __builtin_mul_overflow(want, int64_t{sizes.dp}, &want) || want > INT32_MAX)
+    return bad("tp*pp*dp = " + product + " is more ranks than MPI can address (at most 2^31-1)");
+  if (world_size != want)
+    return bad("world size " + std::to_string(world_size) + " != tp*pp*dp = " + product + " = " +
+               std::to_string(want) + " (launch with mpiexec -n " + std::to_string(want) + ")");
   if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.kv_heads < 1 || m.ffn < 1 || m.vocab < 1)
     return bad("--layers, --hidden, --heads, --kv-heads, --ffn and --vocab must be >= 1");
   if (m.hidden % m.heads != 0) return bad("--hidden must be a multiple of --heads");
@@ -69,6 +75,16 @@ Status TrainConfig::validate(int world_size) const {
   if (m.dtype != DType::kBF16 && m.dtype != DType::kF32) return bad("--dtype must be bf16 or f32");
   if (loader_workers < 1) return bad("--loader-workers must be >= 1");
   if (context_len < 1) return bad("--seq-len must be >= 1");
+  // Element counts (times dp for the ZeRO slice bounds) and byte sizes of the largest tensors
+  // must fit in 64 bits; a model that fits but not in memory fails later, as a clean bad_alloc.
+  const int64_t head_dim = m.hidden / m.heads, qkv = (int64_t{m.heads} + 2 * int64_t{m.kv_heads}) * head_dim;
+  for (int64_t rows : {padded_vocab(m.vocab, sizes.tp), qkv, int64_t{m.ffn}, int64_t{m.heads} * head_dim}) {
+    int64_t n = 0;
+    if (__builtin_mul_overflow(rows, int64_t{m.hidden}, &n) || __builtin_mul_overflow(n, int64_t{sizes.dp}, &n) ||
+        __builtin_mul_overflow(n, int64_t{16}, &n))  // 16: param + master + two moments, bytes per element
+      return bad("the model is too large: a tensor of " + std::to_string(rows) + " x " + std::to_string(m.hidden) +
+                 " elements overflows 64-bit sizes");
+  }
   return Status::Ok();
 }
 
@@ -84,7 +100,7 @@ std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, int pp) {
   const int64_t d = m.hidden / m.heads;
   // QKV rows are grouped by KV head: [q of the group's heads, k, v] per group, so a split of
   // dim 0 into tp parts (kv_heads % tp == 0) gives each rank whole groups.
-  const int64_t qkv = static_cast<int64_t>(m.heads + 2 * m.kv_heads) * d;
+  const int64_t qkv = (int64_t{m.heads} + 2 * int64_t{m.kv_heads}) * d;  // int would overflow
   std::vector<TensorDesc> out;
   std::vector<int> emb_stages{0};
   if (m.tie_embeddings && pp > 1) emb_stages.push_back(pp - 1);

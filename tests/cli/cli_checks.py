@@ -169,7 +169,7 @@ def check_contents(c, info, specs, perturb=False, label=""):
 
 def check_help(c):
     p = c.run("--help", expect=0)
-    for sub in ("inspect", "verify", "diff", "export", "reshard"):
+    for sub in ("inspect", "verify", "diff", "export", "reshard", "prune"):
         c.check(sub in p.stdout, f"--help lists {sub}")
         q = c.run(sub, "--help", expect=0)
         c.check("Usage:" in q.stdout and sub in q.stdout, f"{sub} --help:\n{q.stdout}")
@@ -440,8 +440,59 @@ def check_reshard(c):
     c.check("already exists" in p.stderr, f"existing output: {p.stderr}")
 
 
+def check_prune(c):
+    """Retention by hand on a copy of the fixture directory: what goes, what always stays, the lock."""
+    import fcntl
+
+    d = os.path.join(c.work, "ckpts")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(c.ckpt("ckpts"), d, symlinks=True)
+    # Same recorded step as step-20, a later name: the newest by (step, name); step-20 stays as latest.
+    shutil.copytree(os.path.join(d, "step-20"), os.path.join(d, "step-20b"))
+    before = sorted(os.listdir(d))
+
+    j = c.json("prune", d, "--keep-last", "1", "--dry-run")
+    c.check(j["dry_run"] and j["deleted"] == ["step-10"], f"dry run deletes step-10 only: {j}")
+    c.check(j["kept"] == ["step-20b", "step-20"], f"kept newest first: {j}")
+    c.check(sorted(os.listdir(d)) == before, "a dry run deletes nothing")
+    p = c.run("prune", d, "--keep-last", "1", "--dry-run", expect=0)
+    c.check("would delete step-10" in p.stdout, f"dry run text:\n{p.stdout}")
+
+    # A job saving there holds the lock: prune refuses and names it; a dry run still answers.
+    lock_path = os.path.join(d, ".h5ckpt.lock")
+    with open(lock_path, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.seek(0)
+        lock.truncate()
+        lock.write("host=cli-test pid=424242\n")
+        lock.flush()
+        p = c.run("prune", d, "--keep-last", "1", expect=2)
+        c.check("another save into" in p.stderr and "pid=424242" in p.stderr, f"lock holder named:\n{p.stderr}")
+        c.check(sorted(os.listdir(d)) == before, "refused prune deletes nothing")
+        c.run("prune", d, "--keep-last", "1", "--dry-run", expect=0)
+
+    p = c.run("prune", d, "--keep-last", "1", expect=0)
+    c.check("deleted step-10" in p.stdout, f"prune text:\n{p.stdout}")
+    after = set(os.listdir(d))
+    # Broken (unreadable metadata), uncommitted and in-progress directories are never touched.
+    for keep in ("step-15", "step-20", "step-20b", "step-25", ".step-30.inprogress-deadbeef", "logs", "latest"):
+        c.check(keep in after, f"{keep} kept: {sorted(after)}")
+    c.check("step-10" not in after, f"step-10 deleted: {sorted(after)}")
+    c.check(not any(".inprogress-deleting" in n for n in after), f"no deletion leftovers: {sorted(after)}")
+    j = c.json("inspect", d, "--latest")
+    c.check(j["kind"] == "checkpoint" and j["step"] == 20, "latest still loads")
+
+    # Refusals: a keep-last below 1, a single checkpoint, a missing directory.
+    c.run("prune", d, "--keep-last", "0", expect=2)
+    p = c.run("prune", os.path.join(d, "step-20"), "--keep-last", "1", expect=2)
+    c.check("is one checkpoint" in p.stderr, f"single checkpoint refused:\n{p.stderr}")
+    p = c.run("prune", os.path.join(c.work, "nope"), "--keep-last", "1", expect=2)
+    c.check("does not exist" in p.stderr, f"missing directory:\n{p.stderr}")
+
+
 CHECKS = {"help": check_help, "inspect_dir": check_inspect_dir, "inspect_checkpoint": check_inspect_checkpoint,
-          "verify": check_verify, "diff": check_diff, "export": check_export, "reshard": check_reshard}
+          "verify": check_verify, "diff": check_diff, "export": check_export, "reshard": check_reshard,
+          "prune": check_prune}
 
 
 def main():

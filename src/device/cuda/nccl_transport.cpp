@@ -4,9 +4,12 @@
 // walk the load groups in the same order).
 #include <nccl.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/deadline.h"
 #include "device/cuda/cuda_backend.h"
 #include "device/cuda/cuda_staging.h"
 
@@ -14,14 +17,36 @@ namespace h5ckpt::device::cuda {
 
 namespace {
 
+constexpr int kPollMicros = 50;
+
 Status nccl_status(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return Status::Ok();
   return Status(ErrorCode::kIo, std::string(what) + " failed: " + ncclGetErrorString(r));
 }
 
+// The communicator is non-blocking, so no NCCL call can hang: its state is polled here until it
+// leaves ncclInProgress, within the timeout (comm/deadline.h) and with `mpi` for the report.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, const char* what, MPI_Comm mpi) {
+  const comm::Deadline d;
+  while (r == ncclInProgress) {
+    comm::check_deadline(d, what, mpi);
+    std::this_thread::sleep_for(std::chrono::microseconds(kPollMicros));
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
+  }
+  return r;
+}
+
+// MPI_MIN of `v` over `comm`, within the timeout.
+int all_min(int v, MPI_Comm comm) {
+  int out = 0;
+  MPI_Request req;
+  if (MPI_Iallreduce(&v, &out, 1, MPI_INT, MPI_MIN, comm, &req) != MPI_SUCCESS) return 0;
+  return comm::wait_asleep(1, &req, kPollMicros, "NCCL set-up (agreement)", comm).ok() ? out : 0;
+}
+
 class NcclTransport final : public comm::Transport {
  public:
-  NcclTransport(ncclComm_t comm, CudaStaging& s) : comm_(comm), s_(s) {}
+  NcclTransport(ncclComm_t comm, CudaStaging& s, MPI_Comm mpi) : comm_(comm), s_(s), mpi_(mpi) {}
   ~NcclTransport() override {
     if (!ops_.empty()) (void)wait_all();
     ncclCommDestroy(comm_);
@@ -44,10 +69,17 @@ class NcclTransport final : public comm::Transport {
       st = op.send ? nccl_status(ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_, s_.stream()), "ncclSend")
                    : nccl_status(ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_, s_.stream()), "ncclRecv");
     }
-    Status ended = nccl_status(ncclGroupEnd(), "ncclGroupEnd");
+    Status ended = nccl_status(settle(comm_, ncclGroupEnd(), "NCCL transfers (ncclGroupEnd)", mpi_), "ncclGroupEnd");
     if (st.ok()) st = ended;
     ops_.clear();
-    if (st.ok()) st = cuda_status(cudaStreamSynchronize(s_.stream()), "cudaStreamSynchronize");
+    // Polled rather than synchronized: a peer that never posts its half would block forever.
+    const comm::Deadline d;
+    cudaError_t q = cudaErrorNotReady;
+    while (st.ok() && (q = cudaStreamQuery(s_.stream())) == cudaErrorNotReady) {
+      comm::check_deadline(d, "NCCL transfers (stream)", mpi_);
+      std::this_thread::sleep_for(std::chrono::microseconds(kPollMicros));
+    }
+    if (st.ok()) st = cuda_status(q, "cudaStreamQuery");
     return st;
   }
 
@@ -60,6 +92,7 @@ class NcclTransport final : public comm::Transport {
   };
   ncclComm_t comm_;
   CudaStaging& s_;
+  MPI_Comm mpi_;  // for the timeout report only
   std::vector<Op> ops_;
 };
 
@@ -74,25 +107,31 @@ std::unique_ptr<comm::Transport> make_nccl_transport(MPI_Comm comm, Staging& s, 
   ncclUniqueId id{};
   int ok = cs != nullptr;
   if (rank == 0 && ok) ok = ncclGetUniqueId(&id) == ncclSuccess;
-  int all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-  if (!all_ok) {
+  if (!all_min(ok, comm)) {
     *why = "a rank has no CUDA staging or ncclGetUniqueId failed";
     return nullptr;
   }
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm);
+  MPI_Request req;
+  if (MPI_Ibcast(&id, sizeof id, MPI_BYTE, 0, comm, &req) != MPI_SUCCESS ||
+      !comm::wait_asleep(1, &req, kPollMicros, "NCCL set-up (unique id broadcast)", comm).ok()) {
+    *why = "broadcasting the NCCL unique id failed";  // an MPI error: every rank's MPI fails the job
+    return nullptr;
+  }
   cudaSetDevice(cs->device());
   ncclComm_t nc = nullptr;
-  const ncclResult_t r = ncclCommInitRank(&nc, size, id, rank);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // init returns at once; settle() waits for the peers within the timeout
+  ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &config);
+  if (nc != nullptr) r = settle(nc, r, "NCCL set-up (ncclCommInitRank)", comm);
   ok = r == ncclSuccess;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+  const int all_ok = all_min(ok, comm);
   if (!all_ok) {
     if (ok) ncclCommDestroy(nc);
     *why = ok ? "ncclCommInitRank failed on another rank"
               : std::string("ncclCommInitRank: ") + ncclGetErrorString(r);
     return nullptr;
   }
-  return std::make_unique<NcclTransport>(nc, *cs);
+  return std::make_unique<NcclTransport>(nc, *cs, comm);
 }
 
 }  // namespace h5ckpt::device::cuda
