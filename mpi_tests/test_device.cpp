@@ -97,6 +97,57 @@ TEST_F(DeviceState, AsyncSaveSnapshotsDeviceBytesBeforeReturning) {
 
 // Loads into device memory under every layout of this world, from a checkpoint saved under
 // pure TP, with zero-redundancy on (replicas over the device transport) and off.
+TEST_F(DeviceState, SnapshotWaitsForTheTrainersDeviceWork) {
+  // An "optimizer step" still running on the trainer's stream when save is called writes the
+  // final weights 200 ms later; the checkpoint must hold them, never the weights from before.
+  const int n = world_size(), rank = h5ckpt::testing::world_rank();
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, n, 1});
+  ASSERT_TRUE(topo.ok());
+  device::Staging& dev = device::staging();
+  constexpr int64_t kPer = 4096;
+  const Shape shape{kPer * n};
+  void* buf = dev.alloc_device(kPer * sizeof(float));
+  ASSERT_NE(buf, nullptr);
+  void* const stream = reinterpret_cast<void*>(uintptr_t{0x5});  // any handle names a stream here
+  struct Variant {
+    const char* name;
+    bool async;
+    void* stream;
+  };
+  for (const Variant& v : {Variant{"sync_stream", false, stream}, Variant{"sync_device", false, nullptr},
+                           Variant{"async_stream", true, stream}, Variant{"async_device", true, nullptr}}) {
+    std::vector<float> before(kPer), after(kPer);
+    for (int64_t i = 0; i < kPer; ++i) {
+      before[i] = -1.0f - static_cast<float>(i);
+      after[i] = static_cast<float>(rank * kPer + i) + 0.25f;
+    }
+    ASSERT_TRUE(dev.copy_to_device(buf, before.data(), kPer * sizeof(float)).ok());
+    ASSERT_TRUE(dev.synchronize().ok());
+    ASSERT_TRUE(device::simulated_launch(dev, stream, buf, after.data(), kPer * sizeof(float), 200000).ok());
+    StateDict st;
+    st.add("model/w", DType::kF32, shape, ShardSpec::split(shape, 0, n, rank), buf, Device::kCuda);
+    SaveOptions so;
+    so.device_stream = v.stream;
+    Checkpointer ck(*topo);
+    const std::string path = root_ + "/" + v.name;
+    if (v.async) {
+      auto h = ck.save_async(st, path, so);
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      ASSERT_TRUE(h->wait().ok());
+    } else {
+      auto r = ck.save(st, path, so);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+    }
+    std::vector<float> whole(kPer * n, 0.0f);
+    StateDict back;
+    back.add_replicated("model/w", DType::kF32, shape, whole.data());
+    ASSERT_TRUE(ck.load(back, path).ok());
+    for (int64_t i = 0; i < kPer * n; ++i)
+      ASSERT_EQ(whole[i], static_cast<float>(i) + 0.25f) << v.name << ": element " << i << " is from before the step";
+  }
+  dev.free_device(buf);
+}
+
 TEST_F(DeviceState, LoadIntoDeviceReshardsExactly) {
   const int n = world_size();
   {

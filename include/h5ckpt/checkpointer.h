@@ -28,6 +28,11 @@ struct SaveOptions {
   bool update_latest = true;
   /// Free-form tag stored in the metadata (e.g. the training step).
   int64_t step = -1;
+  /// Device buffers: the stream (a cudaStream_t) after whose work queued so far the state is
+  /// final, e.g. the one the optimizer step runs on. The snapshot's copies wait for it on the
+  /// device. Null: the library synchronizes the whole device before the snapshot. Without device
+  /// buffers it is unused.
+  void* device_stream = nullptr;
 };
 
 struct LoadOptions {

@@ -31,6 +31,12 @@ class SimulatedStaging final : public Staging {
     }
     cv_.notify_all();
     worker_.join();
+    {
+      std::lock_guard<std::mutex> lock(compute_mu_);
+      compute_stop_ = true;
+    }
+    compute_cv_.notify_all();
+    if (compute_worker_.joinable()) compute_worker_.join();
     for (auto& [base, a] : allocs_) ::munmap(reinterpret_cast<void*>(base), a.reserved);
   }
 
@@ -74,6 +80,45 @@ class SimulatedStaging final : public Staging {
   uint64_t record() override {
     std::lock_guard<std::mutex> lock(mu_);
     return enqueued_;
+  }
+
+  // The trainer's work: one compute thread runs launches in order, whatever their stream.
+  Status launch(void* stream, void* dev, const void* src, size_t bytes, int delay_us) {
+    char* dst = backing(dev, bytes);
+    if (!dst) return out_of_range(dev, bytes);
+    std::vector<char> data(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    std::lock_guard<std::mutex> lock(compute_mu_);
+    ++launched_[stream];
+    compute_.push_back([this, stream, dst, data = std::move(data), delay_us] {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      std::memcpy(dst, data.data(), data.size());
+      std::lock_guard<std::mutex> lock(compute_mu_);
+      ++finished_[stream];
+      compute_cv_.notify_all();
+    });
+    if (!compute_worker_.joinable()) compute_worker_ = std::thread([this] { run_compute(); });
+    compute_cv_.notify_all();
+    return Status::Ok();
+  }
+
+  Status order_after(void* stream) override {
+    // Snapshot what has been launched so far; the copy queue waits for it before its next copy.
+    std::map<void*, uint64_t> until;
+    {
+      std::lock_guard<std::mutex> lock(compute_mu_);
+      if (stream) until[stream] = launched_[stream];
+      else until = launched_;
+    }
+    enqueue([this, until] {
+      std::unique_lock<std::mutex> lock(compute_mu_);
+      compute_cv_.wait(lock, [&] {
+        for (const auto& [st, n] : until)
+          if (finished_[st] < n) return false;
+        return true;
+      });
+    });
+    if (!stream) return synchronize();  // device-wide synchronization blocks the caller
+    return Status::Ok();
   }
   Status wait(uint64_t marker) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -126,7 +171,26 @@ class SimulatedStaging final : public Staging {
     }
   }
 
+  void run_compute() {
+    std::unique_lock<std::mutex> lock(compute_mu_);
+    for (;;) {
+      compute_cv_.wait(lock, [&] { return compute_stop_ || !compute_.empty(); });
+      if (compute_.empty()) return;
+      auto f = std::move(compute_.front());
+      compute_.pop_front();
+      lock.unlock();
+      f();
+      lock.lock();
+    }
+  }
+
   const int latency_us_;
+  std::mutex compute_mu_;
+  std::condition_variable compute_cv_;
+  std::deque<std::function<void()>> compute_;
+  std::map<void*, uint64_t> launched_, finished_;
+  bool compute_stop_ = false;
+  std::thread compute_worker_;
   mutable std::mutex alloc_mu_;
   mutable std::map<uintptr_t, Alloc> allocs_;
   std::mutex mu_;
@@ -177,6 +241,12 @@ class SimulatedTransport final : public comm::Transport {
 
 std::unique_ptr<Staging> make_simulated_staging(int copy_latency_us) {
   return std::make_unique<SimulatedStaging>(copy_latency_us);
+}
+
+Status simulated_launch(Staging& s, void* stream, void* dev, const void* src, size_t bytes, int delay_us) {
+  auto* sim = dynamic_cast<SimulatedStaging*>(&s);
+  if (!sim) return Status(ErrorCode::kUnsupported, "simulated_launch needs the simulated device");
+  return sim->launch(stream, dev, src, bytes, delay_us);
 }
 
 std::unique_ptr<comm::Transport> make_simulated_transport(MPI_Comm comm, Staging& s) {

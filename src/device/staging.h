@@ -40,6 +40,12 @@ class Staging {
   virtual uint64_t record() = 0;
   virtual Status wait(uint64_t marker) = 0;
   Status synchronize() { return wait(record()); }
+
+  /// Copies started after this call begin only once the trainer's work on `stream` (a
+  /// cudaStream_t) submitted so far has completed; null: once all work on the device has (a
+  /// device-wide synchronization, which blocks). Saves call it before their first device copy, so
+  /// a snapshot never reads weights an optimizer step is still writing.
+  virtual Status order_after(void* stream) { return Status::Ok(); }
 };
 
 /// The process's staging implementation: the test override if one is set, else CUDA when it is
@@ -61,6 +67,11 @@ std::unique_ptr<Staging> make_host_staging();
 /// fills its destination with a poison byte when it starts, so a caller that uses bytes before
 /// waiting for their copy reads wrong data.
 std::unique_ptr<Staging> make_simulated_staging(int copy_latency_us = 1000);
+
+/// Simulated device only (tests): "launches a kernel" on `stream` that writes `bytes` from `src`
+/// (copied at once) into device memory `dev` after `delay_us`, on a compute thread of its own, the
+/// way a trainer's optimizer step is still running when it calls save. kUnsupported elsewhere.
+Status simulated_launch(Staging& s, void* stream, void* dev, const void* src, size_t bytes, int delay_us);
 
 /// True when `item`'s buffer is device memory (declared by the caller or detected).
 bool is_device_item(const StateItem& item);

@@ -427,8 +427,11 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
   constexpr uint64_t kDeviceHalfBytes = 64ull << 20;
   const uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;
   const uint64_t half = any_device ? std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes, bound)) : 0;
-  auto source = caller_buffer_source(plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes),
-                                     state, pool, half);
+  auto writes = plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes);
+  // The snapshot must see the state as it is once the trainer's queued device work is done.
+  if (Status ordered = any_device ? device::staging().order_after(options.device_stream) : Status::Ok(); !ordered.ok())
+    writes = ordered.with_context("waiting for the device before the snapshot");
+  auto source = caller_buffer_source(std::move(writes), state, pool, half);
   H5CKPT_RETURN_IF_ERROR(save_write(topo, job, copts, *source));
   return save_commit(topo, job, copts);
 }

@@ -26,6 +26,18 @@ CudaStaging::~CudaStaging() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+Status CudaStaging::order_after(void* stream) {
+  cudaSetDevice(device_);
+  if (!stream) return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the snapshot)");
+  // The staging stream waits, on the device, for the trainer's work queued so far: no host block.
+  cudaEvent_t ev = nullptr;
+  H5CKPT_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+  Status st = cuda_status(cudaEventRecord(ev, static_cast<cudaStream_t>(stream)), "cudaEventRecord (trainer stream)");
+  if (st.ok()) st = cuda_status(cudaStreamWaitEvent(stream_, ev, 0), "cudaStreamWaitEvent");
+  cudaEventDestroy(ev);  // released once the wait has been satisfied
+  return st;
+}
+
 bool CudaStaging::is_device_pointer(const void* p) const {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {

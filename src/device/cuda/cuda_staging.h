@@ -30,6 +30,7 @@ class CudaStaging final : public Staging {
   Status copy_to_device(void* dev, const void* host, size_t bytes) override;
   uint64_t record() override;
   Status wait(uint64_t marker) override;
+  Status order_after(void* stream) override;
 
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
