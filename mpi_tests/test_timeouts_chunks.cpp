@@ -12,20 +12,13 @@
 #include "comm/comm.h"
 #include "comm/deadline.h"
 #include "comm/transport.h"
+#include "support/test_model.h"
 
 namespace h5ckpt::comm {
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using h5ckpt::testing::world_rank;
+using h5ckpt::testing::world_size;
 
 // Rank r's payload: a size that differs per rank (one rank sends nothing) and bytes that depend
 // on (rank, index, salt), so a piece landing at the wrong offset or rank is caught.

@@ -2,6 +2,7 @@
 # timeouts themselves end the job with MPI_Abort, so shell drivers run them and check the exit
 # code, the time to the end and the message.
 h5ckpt_mpi_test_binary(test_timeouts_chunks test_timeouts_chunks.cpp)
+target_link_libraries(test_timeouts_chunks PRIVATE h5ckpt_test_support)
 h5ckpt_add_mpi_test(test_timeouts_chunks LABELS timeout RANKS 1 2 3 4 8 TIMEOUT 300)
 
 add_executable(timeout_probe test_timeouts_probe.cpp)

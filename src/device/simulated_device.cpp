@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -21,22 +22,72 @@ namespace h5ckpt::device {
 
 namespace {
 
-class SimulatedStaging final : public Staging {
+// Runs jobs in order on a thread of its own, each after `latency_us`, and counts them, so a caller
+// can wait for every job enqueued before a marker: a CUDA stream's semantics, on the CPU.
+class SerialQueue {
  public:
-  explicit SimulatedStaging(int latency_us) : latency_us_(latency_us), worker_([this] { run(); }) {}
-  ~SimulatedStaging() override {
+  explicit SerialQueue(int latency_us) : latency_us_(latency_us), thread_([this] { run(); }) {}
+  ~SerialQueue() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    worker_.join();
+    thread_.join();
+  }
+  /// Enqueues `f`; returns the marker that is complete once `f` has run.
+  uint64_t enqueue(std::function<void()> f) {
+    uint64_t marker = 0;
     {
-      std::lock_guard<std::mutex> lock(compute_mu_);
-      compute_stop_ = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(f));
+      marker = ++enqueued_;
     }
-    compute_cv_.notify_all();
-    if (compute_worker_.joinable()) compute_worker_.join();
+    cv_.notify_all();
+    return marker;
+  }
+  /// The marker after every job enqueued so far.
+  uint64_t marker() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_;
+  }
+  void wait(uint64_t marker) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return completed_ >= marker; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto f = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      if (latency_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(latency_us_));
+      f();
+      lock.lock();
+      ++completed_;
+      done_cv_.notify_all();
+    }
+  }
+  const int latency_us_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0, completed_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class SimulatedStaging final : public Staging {
+ public:
+  explicit SimulatedStaging(int latency_us)
+      : copies_(std::make_unique<SerialQueue>(latency_us)), compute_(std::make_unique<SerialQueue>(0)) {}
+  ~SimulatedStaging() override {
+    copies_.reset();  // both queues finish before the memory their jobs touch goes
+    compute_.reset();
     for (auto& [base, a] : allocs_) ::munmap(reinterpret_cast<void*>(base), a.reserved);
   }
 
@@ -77,52 +128,37 @@ class SimulatedStaging final : public Staging {
     enqueue([=] { std::memcpy(dst, host, bytes); });
     return Status::Ok();
   }
-  uint64_t record() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return enqueued_;
+  uint64_t record() override { return copies_->marker(); }
+  Status wait(uint64_t marker) override {
+    copies_->wait(marker);
+    return Status::Ok();
   }
 
-  // The trainer's work: one compute thread runs launches in order, whatever their stream.
+  // The trainer's work: "kernels" run in order on the compute queue, whatever their stream.
   Status launch(void* stream, void* dev, const void* src, size_t bytes, int delay_us) {
     char* dst = backing(dev, bytes);
     if (!dst) return out_of_range(dev, bytes);
     std::vector<char> data(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
-    std::lock_guard<std::mutex> lock(compute_mu_);
-    ++launched_[stream];
-    compute_.push_back([this, stream, dst, data = std::move(data), delay_us] {
+    const uint64_t done = compute_->enqueue([dst, data = std::move(data), delay_us] {
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       std::memcpy(dst, data.data(), data.size());
-      std::lock_guard<std::mutex> lock(compute_mu_);
-      ++finished_[stream];
-      compute_cv_.notify_all();
     });
-    if (!compute_worker_.joinable()) compute_worker_ = std::thread([this] { run_compute(); });
-    compute_cv_.notify_all();
+    std::lock_guard<std::mutex> lock(stream_mu_);
+    stream_marker_[stream] = done;
     return Status::Ok();
   }
 
   Status order_after(void* stream) override {
-    // Snapshot what has been launched so far; the copy queue waits for it before its next copy.
-    std::map<void*, uint64_t> until;
-    {
-      std::lock_guard<std::mutex> lock(compute_mu_);
-      if (stream) until[stream] = launched_[stream];
-      else until = launched_;
+    // The compute queue is in order: a stream's last launch done means all before it are too.
+    uint64_t until = compute_->marker();
+    if (stream) {
+      std::lock_guard<std::mutex> lock(stream_mu_);
+      auto it = stream_marker_.find(stream);
+      until = it == stream_marker_.end() ? 0 : it->second;
     }
-    enqueue([this, until] {
-      std::unique_lock<std::mutex> lock(compute_mu_);
-      compute_cv_.wait(lock, [&] {
-        for (const auto& [st, n] : until)
-          if (finished_[st] < n) return false;
-        return true;
-      });
-    });
-    if (!stream) return synchronize();  // device-wide synchronization blocks the caller
-    return Status::Ok();
-  }
-  Status wait(uint64_t marker) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return completed_ >= marker; });
+    SerialQueue* compute = compute_.get();
+    enqueue([compute, until] { compute->wait(until); });  // the next copies wait for it
+    if (!stream) return synchronize();                   // device-wide synchronization blocks
     return Status::Ok();
   }
 
@@ -147,58 +183,14 @@ class SimulatedStaging final : public Staging {
     return Status(ErrorCode::kInvalidArgument,
                   "simulated device copy of " + std::to_string(bytes) + " bytes outside any device allocation");
   }
-  void enqueue(std::function<void()> f) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(f));
-      ++enqueued_;
-    }
-    cv_.notify_all();
-  }
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      auto f = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      if (latency_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(latency_us_));
-      f();
-      lock.lock();
-      ++completed_;
-      done_cv_.notify_all();
-    }
-  }
+  void enqueue(std::function<void()> f) { copies_->enqueue(std::move(f)); }
 
-  void run_compute() {
-    std::unique_lock<std::mutex> lock(compute_mu_);
-    for (;;) {
-      compute_cv_.wait(lock, [&] { return compute_stop_ || !compute_.empty(); });
-      if (compute_.empty()) return;
-      auto f = std::move(compute_.front());
-      compute_.pop_front();
-      lock.unlock();
-      f();
-      lock.lock();
-    }
-  }
-
-  const int latency_us_;
-  std::mutex compute_mu_;
-  std::condition_variable compute_cv_;
-  std::deque<std::function<void()>> compute_;
-  std::map<void*, uint64_t> launched_, finished_;
-  bool compute_stop_ = false;
-  std::thread compute_worker_;
   mutable std::mutex alloc_mu_;
   mutable std::map<uintptr_t, Alloc> allocs_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::function<void()>> queue_;
-  uint64_t enqueued_ = 0, completed_ = 0;
-  bool stop_ = false;
-  std::thread worker_;
+  std::unique_ptr<SerialQueue> copies_;   // the staging stream
+  std::unique_ptr<SerialQueue> compute_;  // the trainer's streams (simulated_launch)
+  std::mutex stream_mu_;
+  std::map<void*, uint64_t> stream_marker_;  // compute marker of each stream's last launch
 };
 
 // Device-to-device transfers as a GPU transport would do them, through the copy queue: a send
