@@ -242,6 +242,9 @@ int train(Options& o, int world) {
       w.stage_save(sd);
       SaveOptions so = o.ck.save;
       so.step = step;
+      // A step directory past the one this run resumed from was committed by a run that died
+      // before `latest` named it: this run's timeline replaces it (else every restart would fail).
+      so.overwrite = true;
       MPI_Barrier(MPI_COMM_WORLD);
       double t1 = now_s();
       if (o.ck.checkpointer.async) {
