@@ -16,20 +16,20 @@
 
 static int g_rank = 0, g_size = 1, g_failures = 0;
 
-#define CHECK(cond, ...)                                                     \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      ++g_failures;                                                          \
+#define CHECK(cond, ...)                                                                         \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      ++g_failures;                                                                              \
       fprintf(stderr, "[rank %d] %s:%d: CHECK(%s) failed: ", g_rank, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                          \
-      fprintf(stderr, "\n");                                                 \
-    }                                                                        \
+      fprintf(stderr, __VA_ARGS__);                                                              \
+      fprintf(stderr, "\n");                                                                     \
+    }                                                                                            \
   } while (0)
 
 /* A call that must succeed; prints h5ckpt_last_error() otherwise. */
-#define OK(call)                                                                                   \
-  do {                                                                                             \
-    int rc_ = (call);                                                                              \
+#define OK(call)                                                                                           \
+  do {                                                                                                     \
+    int rc_ = (call);                                                                                      \
     CHECK(rc_ == H5CKPT_OK, "%s -> %d (%s): %s", #call, rc_, h5ckpt_error_name(rc_), h5ckpt_last_error()); \
   } while (0)
 
@@ -226,7 +226,7 @@ static void async_round_trip(const char* path) {
   opt.step = 7;
   OK(h5ckpt_save_async(ck, st, path, &opt, &handle));
   for (int64_t x = 0; x < nf; ++x) w[x] = -1.0f; /* after the snapshot: must not reach the file */
-  h5ckpt_state_free(st);                          /* allowed once save_async returned */
+  h5ckpt_state_free(st);                         /* allowed once save_async returned */
   OK(h5ckpt_save_wait(handle));
   int done = 0;
   OK(h5ckpt_save_test(handle, &done));
@@ -271,7 +271,8 @@ static void check_info(const char* ckpt, const char* root) {
     OK(h5ckpt_info_tensor(info, t, &key, &dtype, &ndim, &shape));
     CHECK(key && strcmp(key, keys[t]) == 0, "tensor %zu key %s", t, key ? key : "(null)");
     CHECK(dtype == dtypes[t] && ndim == ndims[t], "%s dtype %d ndim %d", keys[t], dtype, ndim);
-    for (int d = 0; d < ndim && d < 3; ++d) CHECK(shape[d] == shapes[t][d], "%s dim %d = %lld", keys[t], d, (long long)shape[d]);
+    for (int d = 0; d < ndim && d < 3; ++d)
+      CHECK(shape[d] == shapes[t][d], "%s dim %d = %lld", keys[t], d, (long long)shape[d]);
     size_t idx = 99;
     OK(h5ckpt_info_find(info, keys[t], &idx));
     CHECK(idx == t, "find %s -> %zu", keys[t], idx);
@@ -314,7 +315,8 @@ static void check_argument_errors(void) {
   h5ckpt_topology_t* topo = NULL;
   CHECK(h5ckpt_topology_create(MPI_COMM_WORLD, g_size + 1, 1, 1, &topo) != H5CKPT_OK && topo == NULL,
         "a grid larger than the world is refused");
-  CHECK(strcmp(h5ckpt_error_name(H5CKPT_CORRUPT), "corrupt checkpoint") == 0 && strcmp(h5ckpt_error_name(-3), "unknown") == 0,
+  CHECK(strcmp(h5ckpt_error_name(H5CKPT_CORRUPT), "corrupt checkpoint") == 0 &&
+            strcmp(h5ckpt_error_name(-3), "unknown") == 0,
         "error name %s", h5ckpt_error_name(H5CKPT_CORRUPT));
   CHECK(h5ckpt_dtype_size(H5CKPT_BF16) == 2 && h5ckpt_dtype_size(H5CKPT_I64) == 8 && h5ckpt_dtype_size(42) == 0,
         "dtype sizes");

@@ -199,8 +199,8 @@ TEST_F(CommitSafety, DirectoryLoadSelectsNewestValidCheckpoint) {
        },
        "step-3", 3},
       {"newest_without_data", [](const std::string& d) { fs::remove(d + "/step-3/data.h5"); }, "step-2", 2},
-      {"newest_metadata_truncated",
-       [](const std::string& d) { fs::resize_file(d + "/step-3/metadata.json", 40); }, "step-2", 2},
+      {"newest_metadata_truncated", [](const std::string& d) { fs::resize_file(d + "/step-3/metadata.json", 40); },
+       "step-2", 2},
       {"newest_metadata_fifo",
        [](const std::string& d) {
          fs::remove(d + "/step-3/metadata.json");
@@ -340,15 +340,11 @@ TEST_F(CommitSafety, RetentionKeepsTheRightSet) {
   }
   // `latest` left on step 10: the new step 11 and step 10 both stay.
   save_step(11, false);
-  on_rank0([&] {
-    EXPECT_EQ(listing(), (std::set<std::string>{name(4), name(8), name(9), name(10), name(11)}));
-  });
+  on_rank0([&] { EXPECT_EQ(listing(), (std::set<std::string>{name(4), name(8), name(9), name(10), name(11)})); });
   // `latest` moved back to step 4 by hand: never deleted; step 9 now goes.
   on_rank0([&] { std::ofstream(dir + "/latest", std::ios::trunc) << name(4) << "\n"; });
   save_step(12, false);
-  on_rank0([&] {
-    EXPECT_EQ(listing(), (std::set<std::string>{name(4), name(8), name(10), name(11), name(12)}));
-  });
+  on_rank0([&] { EXPECT_EQ(listing(), (std::set<std::string>{name(4), name(8), name(10), name(11), name(12)})); });
   expect_load(dir, name(4), 4, "latest kept by retention");
   expect_load(dir + "/" + name(12), name(12), 12, "the newest");
 }

@@ -15,8 +15,8 @@ using h5ckpt::testing::sum_all;
 using h5ckpt::testing::world_size;
 
 using namespace h5ckpt;
-using h5ckpt::testing::Layout;
 using h5ckpt::testing::DeviceMirror;
+using h5ckpt::testing::Layout;
 using h5ckpt::testing::TestModel;
 namespace fs = std::filesystem;
 

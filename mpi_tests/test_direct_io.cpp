@@ -29,13 +29,15 @@ struct State {
     const Shape rows{1031, 1000}, cols{300, 1000}, flat{3, 700001};
     add(0, rows, ShardSpec::split(rows, 0, n, r), fill);
     add(1, cols, ShardSpec::split(cols, 1, n, r), fill);
-    const int64_t total = flat[0] * flat[1], b = total * r / n + (r ? 17 : 0), e = total * (r + 1) / n + (r + 1 < n ? 17 : 0);
+    const int64_t total = flat[0] * flat[1], b = total * r / n + (r ? 17 : 0),
+                  e = total * (r + 1) / n + (r + 1 < n ? 17 : 0);
     add(2, flat, ShardSpec::flat_range(Box{{0, 0}, flat}, b, e), fill);
   }
   void add(int t, const Shape& shape, const ShardSpec& spec, bool fill) {
     storage.emplace_back(static_cast<size_t>(spec.numel()) + 1, -1.0f);
     float* p = storage.back().data() + 1;  // deliberately not block-aligned
-    for (int64_t j = 0; fill && j < spec.numel(); ++j) p[j] = value(t, h5ckpt::testing::global_flat_index(spec, shape, j));
+    for (int64_t j = 0; fill && j < spec.numel(); ++j)
+      p[j] = value(t, h5ckpt::testing::global_flat_index(spec, shape, j));
     bufs.push_back(p);
     sd.add("model/t" + std::to_string(t), DType::kF32, shape, spec, p);
   }
@@ -68,7 +70,8 @@ TEST(DirectIo, SameFileAsBufferedWritesAndExactValues) {
     const StateItem& it = back.sd.items()[t];
     int64_t bad = 0;
     for (int64_t j = 0; j < it.shard.numel(); ++j)
-      bad += back.bufs[t][j] != value(static_cast<int>(t), h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j));
+      bad += back.bufs[t][j] !=
+             value(static_cast<int>(t), h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j));
     EXPECT_EQ(bad, 0) << it.key;
     EXPECT_EQ(back.storage[t][0], -1.0f) << "wrote before the buffer";
   }

@@ -33,8 +33,8 @@ unsigned char pattern_byte(int dtype, int64_t byte_index) {
   return static_cast<unsigned char>((byte_index * 131 + dtype * 29 + 7) % 251);
 }
 
-const DType kAll[] = {DType::kF32,  DType::kF64, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2,
-                      DType::kI8,   DType::kI16, DType::kI32, DType::kI64,  DType::kU8,     DType::kBool};
+const DType kAll[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2,
+                      DType::kI8,  DType::kI16, DType::kI32, DType::kI64,  DType::kU8,     DType::kBool};
 
 std::string key_of(DType t) { return std::string("model/dtypes/") + dtype_name(t); }
 
@@ -102,9 +102,9 @@ TEST_F(Dtypes, EveryDtypeBitExactAcrossLayouts) {
 TEST_F(Dtypes, H5dumpPrintsRealValues) {
   // bf16, f16 and e5m2 are HDF5 custom floats: h5dump must print their values.
   Topology topo = topo_of(1, world_size());
-  const uint16_t bf16[4] = {0x3FC0, 0xC010, 0x3C00, 0x4040};     // 1.5 -2.25 0.0078125 3
-  const uint16_t f16[4] = {0x3E00, 0xC080, 0x2000, 0x4200};      // 1.5 -2.25 0.0078125 3
-  const uint8_t e5m2[4] = {0x3E, 0xC0, 0x20, 0x42};  // 1.5 -2 0.0078125 3 (top byte of f16)
+  const uint16_t bf16[4] = {0x3FC0, 0xC010, 0x3C00, 0x4040};  // 1.5 -2.25 0.0078125 3
+  const uint16_t f16[4] = {0x3E00, 0xC080, 0x2000, 0x4200};   // 1.5 -2.25 0.0078125 3
+  const uint8_t e5m2[4] = {0x3E, 0xC0, 0x20, 0x42};           // 1.5 -2 0.0078125 3 (top byte of f16)
   StateDict st;
   st.add_replicated("model/bf16", DType::kBF16, {4}, const_cast<uint16_t*>(bf16));
   st.add_replicated("model/f16", DType::kF16, {4}, const_cast<uint16_t*>(f16));

@@ -3,10 +3,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <filesystem>
 #include <fstream>
-#include <xxhash.h>
 
 #include "storage/commit.h"
 #include "support/test_model.h"

@@ -52,13 +52,15 @@ int wait_mode(const std::string& op, int late, double timeout_s) {
     return 0;
   }
   // The phase each operation ends in (as in the engine), for the message.
-  PhaseScope scope(op == "scatter" || op == "transport" ? "load" : op == "barrier" ? "save_async" : "save",
+  PhaseScope scope(op == "scatter" || op == "transport" ? "load"
+                   : op == "barrier"                    ? "save_async"
+                                                        : "save",
                    op == "agree" || op == "blocking" ? "write"
-                   : op == "bcast"   ? "prepare"
-                   : op == "gather"  ? "commit"
-                   : op == "scatter" ? "plan"
-                   : op == "barrier" ? "start"
-                                     : "read");
+                   : op == "bcast"                   ? "prepare"
+                   : op == "gather"                  ? "commit"
+                   : op == "scatter"                 ? "plan"
+                   : op == "barrier"                 ? "start"
+                                                     : "read");
   Status st;
   if (op == "agree") {
     st = comm::agree(Status::Ok(), w);

@@ -50,9 +50,9 @@ TEST(Workload, InitialValuesAreExactInBf16AndFollowTheFormula) {
       EXPECT_EQ(from_bf16(to_bf16(v)), v);
       EXPECT_EQ(v * 128.0f, static_cast<float>((i * 7 + h) % 251) - 125.0f);
     }
-  EXPECT_EQ(target_value(5, 2), 0.0f);    // (15 + 2) mod 17 = 0
-  EXPECT_EQ(target_value(5, 1), 1.0f);    // 16 / 16
-  EXPECT_EQ(target_value(0, 3), 0.1875f); // 3 / 16
+  EXPECT_EQ(target_value(5, 2), 0.0f);     // (15 + 2) mod 17 = 0
+  EXPECT_EQ(target_value(5, 1), 1.0f);     // 16 / 16
+  EXPECT_EQ(target_value(0, 3), 0.1875f);  // 3 / 16
 }
 
 TEST(Workload, TensorNamesDoNotDependOnTheLayout) {

@@ -32,9 +32,7 @@ namespace {
 
 int g_rank = 0, g_size = 1;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double max_all(double v) {
   double m = 0;
@@ -181,7 +179,9 @@ struct AlignedAllocator {
   }
   void deallocate(T* p, size_t) { std::free(p); }
   template <class U>
-  bool operator==(const AlignedAllocator<U>&) const { return true; }
+  bool operator==(const AlignedAllocator<U>&) const {
+    return true;
+  }
 };
 
 struct Layout {
@@ -279,9 +279,9 @@ int main(int argc, char** argv) {
   const auto save_cfg = make(save_l), load_cfg = make(load_l);
   Topology save_topo = check(Topology::create(MPI_COMM_WORLD, save_cfg.sizes), "topology");
   Topology load_topo = check(Topology::create(MPI_COMM_WORLD, load_cfg.sizes), "topology");
-  workload::Workload state_w(save_cfg, save_topo);     // what is saved
-  workload::Workload same_w(save_cfg, save_topo);      // loaded into, same layout
-  workload::Workload reshard_w(load_cfg, load_topo);   // loaded into, another layout
+  workload::Workload state_w(save_cfg, save_topo);    // what is saved
+  workload::Workload same_w(save_cfg, save_topo);     // loaded into, same layout
+  workload::Workload reshard_w(load_cfg, load_topo);  // loaded into, another layout
   StateDict save_sd;
   state_w.stage_save(save_sd);
 
@@ -457,7 +457,8 @@ int main(int argc, char** argv) {
       // The same load with every DP replica reading for itself (zero-redundancy off).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
-      t["load_no_zr_s"].push_back(timed([&] { read_bytes = check(ck.load(same_sd, sync_path, plain), "load").bytes_read; }));
+      t["load_no_zr_s"].push_back(
+          timed([&] { read_bytes = check(ck.load(same_sd, sync_path, plain), "load").bytes_read; }));
       t["load_no_zr_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       // The same load with two-phase reads (each rank reads one contiguous domain, MPI moves
       // the pieces).
@@ -468,8 +469,9 @@ int main(int argc, char** argv) {
       t["load_aggregated_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
-      t["reshard_load_s"].push_back(
-          timed([&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read; }));
+      t["reshard_load_s"].push_back(timed([&] {
+        read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read;
+      }));
       t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
     }
     // --- device memory (--device) ----------------------------------------------------------
@@ -494,7 +496,8 @@ int main(int argc, char** argv) {
       t["device_async_block_s"].push_back(max_all(dblock));
       t["device_async_total_s"].push_back(max_all(now_s() - d0));
       cold_start(sync_data, ck_begin, ck_end);
-      t["device_load_s"].push_back(timed([&] { check(ck.load(dev_load.state(), sync_path, config.load), "device load"); }));
+      t["device_load_s"].push_back(
+          timed([&] { check(ck.load(dev_load.state(), sync_path, config.load), "device load"); }));
       t["device_load_bytes"].push_back(static_cast<double>(sum_all(dev_load.bytes())));
       remove(dev_path);
     }
@@ -507,16 +510,20 @@ int main(int argc, char** argv) {
   const double rss_mib = max_all(static_cast<double>(ru.ru_maxrss) / 1024.0);
 
   if (g_rank == 0) {
-    const std::vector<std::string> order = {"raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s", "sync_save_s",
-                                            "async_block_s",    "async_total_s",      "raw_read_rank_s", "raw_read_ckpt_s", "load_s",
-                                            "load_no_zr_s",     "load_aggregated_s", "reshard_load_s"};
+    const std::vector<std::string> order = {
+        "raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s",        "sync_save_s",
+        "async_block_s",    "async_total_s",      "raw_read_rank_s",    "raw_read_ckpt_s", "load_s",
+        "load_no_zr_s",     "load_aggregated_s",  "reshard_load_s"};
     std::vector<std::string> printed = order;
     if (device_kind != "none")
       for (const char* k : {"d2h_memcpy_s", "device_async_block_s", "device_async_total_s", "device_load_s"})
         printed.push_back(k);
     for (const auto& k : printed) {
-      json line{{"scenario", k.substr(0, k.size() - 2)}, {"ranks", g_size}, {"bytes", total_bytes},
-                {"median_s", median(t[k])}, {"runs_s", t[k]}};
+      json line{{"scenario", k.substr(0, k.size() - 2)},
+                {"ranks", g_size},
+                {"bytes", total_bytes},
+                {"median_s", median(t[k])},
+                {"runs_s", t[k]}};
       std::printf("%s\n", line.dump().c_str());
     }
     auto m = [&](const char* k) { return median(t[k]); };

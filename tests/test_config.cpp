@@ -1,13 +1,12 @@
 // Config files, environment variables and their precedence (include/h5ckpt/config.h).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "h5ckpt/config.h"
 #include "metrics/log.h"
@@ -57,7 +56,8 @@ class ConfigTest : public ::testing::Test {
 void expect_error(const Status& st, ErrorCode code, const std::vector<std::string>& parts) {
   ASSERT_FALSE(st.ok()) << "expected an error mentioning " << parts.front();
   EXPECT_EQ(st.code(), code) << st.to_string();
-  for (const auto& p : parts) EXPECT_NE(st.message().find(p), std::string::npos) << "'" << p << "' not in: " << st.message();
+  for (const auto& p : parts)
+    EXPECT_NE(st.message().find(p), std::string::npos) << "'" << p << "' not in: " << st.message();
 }
 
 void expect_defaults(const Config& c) {
@@ -198,7 +198,8 @@ TEST_F(ConfigTest, FileErrorsNameKeyFileAndLine) {
     std::vector<std::string> parts;
   };
   const Case cases[] = {
-      {"[checkpointer]\nasync = true\nasynk = true\n", {"f.toml:3:", "checkpointer.asynk", "unknown key", "io_threads"}},
+      {"[checkpointer]\nasync = true\nasynk = true\n",
+       {"f.toml:3:", "checkpointer.asynk", "unknown key", "io_threads"}},
       {"[checkpoint]\nasync = true\n", {"f.toml:1:", "checkpoint", "unknown section", "[checkpointer]"}},
       {"async = true\n", {"f.toml:1:", "async", "unknown top-level key"}},
       {"[checkpointer]\n\nasync = \"yes\"\n", {"f.toml:3:", "checkpointer.async", "expected a boolean", "a string"}},
@@ -308,14 +309,14 @@ TEST_F(ConfigTest, PrecedenceDefaultsFileEnvironmentCode) {
   const std::string file = write("p.toml",
                                  "[checkpointer]\nasync = false\nstaging_bytes = \"1MiB\"\nio_threads = 3\n"
                                  "[mpi_hints]\ncb_nodes = 8\nromio_cb_write = \"enable\"\n");
-  setenv("H5CKPT_IO_THREADS", "5", 1);                      // env beats file
+  setenv("H5CKPT_IO_THREADS", "5", 1);                            // env beats file
   setenv("H5CKPT_MPI_HINTS", "cb_nodes=2,striping_factor=4", 1);  // merged key by key
   auto r = resolve_config(file);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   Config c = *r;
-  EXPECT_FALSE(c.checkpointer.async);                      // file
-  EXPECT_EQ(c.checkpointer.staging_bytes, 1048576u);       // file
-  EXPECT_EQ(c.checkpointer.io_threads, 5);                 // env over file
+  EXPECT_FALSE(c.checkpointer.async);                                    // file
+  EXPECT_EQ(c.checkpointer.staging_bytes, 1048576u);                     // file
+  EXPECT_EQ(c.checkpointer.io_threads, 5);                               // env over file
   EXPECT_EQ(c.checkpointer.alignment, CheckpointerOptions{}.alignment);  // default
   const std::map<std::string, std::string> hints{
       {"cb_nodes", "2"}, {"romio_cb_write", "enable"}, {"striping_factor", "4"}};
@@ -365,12 +366,32 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
   expect_defaults(*c);
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const char* key : {"[checkpointer]", "\nasync = ", "\ndirect_writes = ", "\ndirect_io = ", "\nstaging_bytes = ", "\nmax_piece_bytes = ",
-                          "\nalignment = ", "\nio_threads = ", "\ntimeout_s = ", "[save]", "\nchecksums = ",
+  for (const char* key : {"[checkpointer]",
+                          "\nasync = ",
+                          "\ndirect_writes = ",
+                          "\ndirect_io = ",
+                          "\nstaging_bytes = ",
+                          "\nmax_piece_bytes = ",
+                          "\nalignment = ",
+                          "\nio_threads = ",
+                          "\ntimeout_s = ",
+                          "[save]",
+                          "\nchecksums = ",
                           "\noverwrite = ",
-                          "\nupdate_latest = ", "[load]", "\nstrict = ", "\nconvert_dtype = ",
-                          "\nverify_checksums = ", "\nzero_redundancy = ", "\naggregate_reads = ", "\nread_window_bytes = ", "[mpi_hints]", "[logging]",
-                          "\nlevel = ", "[metrics]", "\nenabled = ", "\ndir = "})
+                          "\nupdate_latest = ",
+                          "[load]",
+                          "\nstrict = ",
+                          "\nconvert_dtype = ",
+                          "\nverify_checksums = ",
+                          "\nzero_redundancy = ",
+                          "\naggregate_reads = ",
+                          "\nread_window_bytes = ",
+                          "[mpi_hints]",
+                          "[logging]",
+                          "\nlevel = ",
+                          "[metrics]",
+                          "\nenabled = ",
+                          "\ndir = "})
     EXPECT_NE(text.find(key), std::string::npos) << key << " missing from " << path;
 }
 

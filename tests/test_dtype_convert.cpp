@@ -2,8 +2,6 @@
 // implementation: a field formula with std::ldexp for decoding, and a nearest-value search over
 // a sorted table of all representable values for RNE encoding; f16 is also cross-checked
 // against the compiler's _Float16 and bf16 against its "top half of an f32" definition.
-#include "util/dtype_convert.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +14,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "util/dtype_convert.h"
 
 namespace h5ckpt::detail {
 namespace {
@@ -120,9 +120,8 @@ struct RefEncoder {
     if (std::isnan(x)) return sign | (f.has_inf ? overflow | 1 : overflow);
     const double a = std::fabs(x);
     if (a >= vals.back()) return sign | overflow;
-    const size_t hi = static_cast<size_t>(std::upper_bound(vals.begin(), vals.end(), a) -
-                                          vals.begin());
-    const size_t lo = hi - 1;  // vals[lo] <= a < vals[hi]
+    const size_t hi = static_cast<size_t>(std::upper_bound(vals.begin(), vals.end(), a) - vals.begin());
+    const size_t lo = hi - 1;                      // vals[lo] <= a < vals[hi]
     const double mid = (vals[lo] + vals[hi]) / 2;  // exact: few significant bits
     size_t pick;
     if (a < mid) pick = lo;
@@ -143,8 +142,7 @@ const RefEncoder& ref_encoder(const Fmt& f) {
 // Same bits, or both NaN with the same sign.
 ::testing::AssertionResult same_pattern(const Fmt& f, uint32_t got, uint32_t want) {
   if (got == want) return ::testing::AssertionSuccess();
-  if (ref_is_nan(f, got) && ref_is_nan(f, want) &&
-      (got & f.sign_bit()) == (want & f.sign_bit())) {
+  if (ref_is_nan(f, got) && ref_is_nan(f, want) && (got & f.sign_bit()) == (want & f.sign_bit())) {
     return ::testing::AssertionSuccess();
   }
   char buf[96];
@@ -168,8 +166,7 @@ uint32_t f32_bits(float v) { return std::bit_cast<uint32_t>(v); }
 TEST(DtypeDecode, EveryPatternMatchesFieldFormula) {
   for (const Fmt& f : kNarrow) {
     for (uint32_t p = 0; p < f.count(); ++p) {
-      ASSERT_TRUE(same_value(lib_to_f32(f, p), ref_decode(f, p))) << f.name << " 0x" << std::hex
-                                                                  << p;
+      ASSERT_TRUE(same_value(lib_to_f32(f, p), ref_decode(f, p))) << f.name << " 0x" << std::hex << p;
     }
   }
 }
@@ -187,8 +184,7 @@ TEST(DtypeDecode, Bf16IsTopHalfOfF32) {
 
 TEST(DtypeDecode, E5M2IsTopByteOfF16) {
   for (uint32_t p = 0; p < 256; ++p) {
-    ASSERT_TRUE(same_value(f8e5m2_to_f32(static_cast<uint8_t>(p)),
-                           f16_to_f32(static_cast<uint16_t>(p << 8))))
+    ASSERT_TRUE(same_value(f8e5m2_to_f32(static_cast<uint8_t>(p)), f16_to_f32(static_cast<uint16_t>(p << 8))))
         << std::hex << p;
   }
 }
@@ -215,8 +211,7 @@ TEST(DtypeDecode, KnownValues) {
 TEST(DtypeDecode, F16MatchesCompilerFloat16) {
   for (uint32_t p = 0; p < 65536; ++p) {
     const auto h = std::bit_cast<_Float16>(static_cast<uint16_t>(p));
-    ASSERT_TRUE(same_value(f16_to_f32(static_cast<uint16_t>(p)), static_cast<float>(h)))
-        << std::hex << p;
+    ASSERT_TRUE(same_value(f16_to_f32(static_cast<uint16_t>(p)), static_cast<float>(h))) << std::hex << p;
   }
 }
 #endif
@@ -316,8 +311,7 @@ TEST(DtypeRne, F64RandomMatchesNearestValueSearch) {
       // Random 53-bit significand; low bits often zero so ties and near-ties occur.
       uint64_t sig = rng() >> 11;
       if (i % 3 == 0) sig &= ~((uint64_t{1} << (40 + i % 12)) - 1);
-      const double mag = std::ldexp(1.0 + std::ldexp(static_cast<double>(sig), -53),
-                                    exp_dist(rng));
+      const double mag = std::ldexp(1.0 + std::ldexp(static_cast<double>(sig), -53), exp_dist(rng));
       const double v = (rng() & 1) ? -mag : mag;
       ASSERT_TRUE(same_pattern(f, lib_from_f64(f, v), ref.encode(v))) << std::hexfloat << v;
     }
@@ -334,8 +328,8 @@ TEST(DtypeRne, F16MatchesCompilerFloat16) {
   }
   std::mt19937_64 rng(7);
   for (int i = 0; i < 200000; ++i) {
-    const double v = std::ldexp(std::bit_cast<double>((rng() >> 12) | 0x3FF0000000000000ull),
-                                static_cast<int>(rng() % 48) - 30);
+    const double v =
+        std::ldexp(std::bit_cast<double>((rng() >> 12) | 0x3FF0000000000000ull), static_cast<int>(rng() % 48) - 30);
     const auto want = std::bit_cast<uint16_t>(static_cast<_Float16>(v));
     ASSERT_TRUE(same_pattern(kF16, f64_to_f16(v), want)) << std::hexfloat << v;
   }
@@ -364,8 +358,8 @@ TEST(DtypeF64, NoDoubleRoundingThroughF32) {
     double lo;  // a value with an even pattern
     double ulp;
   };
-  const Case cases[] = {{kBf16, 1.0, 0x1p-7}, {kF16, 1.0, 0x1p-10}, {kE4M3, 1.0, 0x1p-3},
-                        {kE5M2, 1.0, 0x1p-2},  {kBf16, 0x1p-130, 0x1p-133},  // subnormal
+  const Case cases[] = {{kBf16, 1.0, 0x1p-7},    {kF16, 1.0, 0x1p-10},        {kE4M3, 1.0, 0x1p-3},
+                        {kE5M2, 1.0, 0x1p-2},    {kBf16, 0x1p-130, 0x1p-133},  // subnormal
                         {kF16, 0x1p-20, 0x1p-24}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.f.name);
@@ -447,17 +441,17 @@ TEST(DtypeSpecial, OverflowAndUnderflow) {
   // bf16: max 0x7F7F = (2 - 2^-7) * 2^127; FLT_MAX is above the max..2^128 midpoint -> inf.
   EXPECT_EQ(f32_to_bf16(FLT_MAX), 0x7F80);
   EXPECT_EQ(f32_to_bf16(-FLT_MAX), 0xFF80);
-  EXPECT_EQ(f64_to_bf16(0x1.ffp127), 0x7F80);                 // midpoint: ties to even = inf
+  EXPECT_EQ(f64_to_bf16(0x1.ffp127), 0x7F80);  // midpoint: ties to even = inf
   EXPECT_EQ(f64_to_bf16(std::nextafter(0x1.ffp127, 0.0)), 0x7F7F);
   EXPECT_EQ(f64_to_bf16(1e300), 0x7F80);
   EXPECT_EQ(f64_to_bf16(-1e300), 0xFF80);
   EXPECT_EQ(f32_to_bf16(0x1p-133f), 0x0001);
-  EXPECT_EQ(f32_to_bf16(0x1p-134f), 0x0000);                  // tie with 0 -> 0
+  EXPECT_EQ(f32_to_bf16(0x1p-134f), 0x0000);  // tie with 0 -> 0
   EXPECT_EQ(f32_to_bf16(0x1.8p-134f), 0x0001);
   EXPECT_EQ(f32_to_bf16(-0x1p-140f), 0x8000);
-  EXPECT_EQ(f32_to_bf16(0x1p-126f - 0x1p-134f), 0x0080);     // max subnormal tie -> min normal
+  EXPECT_EQ(f32_to_bf16(0x1p-126f - 0x1p-134f), 0x0080);  // max subnormal tie -> min normal
   EXPECT_EQ(f64_to_bf16(1e-300), 0x0000);
-  EXPECT_EQ(f64_to_bf16(-5e-324), 0x8000);                    // double subnormal
+  EXPECT_EQ(f64_to_bf16(-5e-324), 0x8000);  // double subnormal
 
   // f16: max 65504, overflow threshold 65520.
   EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);
@@ -508,14 +502,14 @@ TEST(DtypeSpecial, E4M3fnOverflowIsNaN) {
 
 // --- convert_elements --------------------------------------------------------------------------
 
-const DType kFloatTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kF8E4M3,
-                             DType::kF8E5M2};
+const DType kFloatTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2};
 
 size_t test_size(DType t) {
   switch (t) {
     case DType::kF64: return 8;
     case DType::kF32: return 4;
-    case DType::kF16: case DType::kBF16: return 2;
+    case DType::kF16:
+    case DType::kBF16: return 2;
     default: return 1;
   }
 }
@@ -558,11 +552,41 @@ double ref_load(DType t, const unsigned char* in) {
 }
 
 TEST(DtypeConvertElements, EveryPairOfFloatTypes) {
-  std::vector<double> values = {0.0, -0.0, 1.0, -1.0, 0.1, -2.5, 3.14159265358979, 1e-3, 1e-6,
-                                1e-9, 1e-30, 1e-40, 100.0, 448.0, 464.0, 465.0, 500.0, 57344.0,
-                                61440.0, 65504.0, 65520.0, 1e5, 3e38, 1e300, -1e300, kInf, -kInf,
-                                kNaN, -kNaN, 1.0 + 0x1p-8 + 0x1p-40, 0x1p-24, 0x1p-25, 0x1p-133,
-                                0x1p-9, 0x1p-16};
+  std::vector<double> values = {0.0,
+                                -0.0,
+                                1.0,
+                                -1.0,
+                                0.1,
+                                -2.5,
+                                3.14159265358979,
+                                1e-3,
+                                1e-6,
+                                1e-9,
+                                1e-30,
+                                1e-40,
+                                100.0,
+                                448.0,
+                                464.0,
+                                465.0,
+                                500.0,
+                                57344.0,
+                                61440.0,
+                                65504.0,
+                                65520.0,
+                                1e5,
+                                3e38,
+                                1e300,
+                                -1e300,
+                                kInf,
+                                -kInf,
+                                kNaN,
+                                -kNaN,
+                                1.0 + 0x1p-8 + 0x1p-40,
+                                0x1p-24,
+                                0x1p-25,
+                                0x1p-133,
+                                0x1p-9,
+                                0x1p-16};
   std::mt19937_64 rng(99);
   for (int i = 0; i < 500; ++i) {
     const int exp = static_cast<int>(rng() % 40) - 20;
@@ -617,8 +641,7 @@ TEST(DtypeConvertElements, SameTypeCopiesAndZeroCount) {
 }
 
 TEST(DtypeConvertElements, RejectsNonFloatTypes) {
-  const DType non_float[] = {DType::kI8, DType::kI16, DType::kI32, DType::kI64, DType::kU8,
-                             DType::kBool};
+  const DType non_float[] = {DType::kI8, DType::kI16, DType::kI32, DType::kI64, DType::kU8, DType::kBool};
   const int64_t in[2] = {1, 2};
   int64_t out[2] = {7, 7};
   for (DType t : non_float) {

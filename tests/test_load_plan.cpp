@@ -321,7 +321,8 @@ TEST(LoadPlan, PaddedVocabularyReadsTheCommonPartAndZeroFillsTheRest) {
   for (int r = 0; r < 2; ++r)
     job.wants[r].push_back(
         LoadWant{{"model/embedding.weight", DType::kF32, Shape{40, 16}, ShardSpec::split(Shape{40, 16}, 0, 2, r)},
-                 false, /*pad=*/true});
+                 false,
+                 /*pad=*/true});
   const Outcome o = plan_job(job, true);
   const ReadItem& last = o.plans[1].items.at(0);
   ASSERT_EQ(last.role, Role::kRead);
@@ -333,7 +334,9 @@ TEST(LoadPlan, PaddedVocabularyReadsTheCommonPartAndZeroFillsTheRest) {
 
 TEST(LoadPlan, SkippedItemsArePlannedForNobody) {
   Job job = job_for(Layout{1, 2, 1, false}, Layout{1, 2, 1, false});
-  job.wants[1].push_back(LoadWant{{"model/new", DType::kF32, Shape{4}, ShardSpec::whole(Shape{4})}, false, false,
+  job.wants[1].push_back(LoadWant{{"model/new", DType::kF32, Shape{4}, ShardSpec::whole(Shape{4})},
+                                  false,
+                                  false,
                                   /*skip=*/true});
   const Outcome o = plan_job(job, true);
   EXPECT_EQ(o.plans[1].skipped, (std::vector<int>{static_cast<int>(job.wants[1].size()) - 1}));
@@ -376,7 +379,8 @@ TEST(LoadPlan, RequestsDifferWhenAnythingThatChangesTheBytesDiffers) {
 
 TEST(SavePlan, WritesSplitLargeRegionsIntoConsecutivePieces) {
   // One rank holding a [10, 10] f32 tensor, pieces of at most 120 bytes (30 elements).
-  const std::vector<std::vector<ItemDesc>> ranks{{{"model/w", DType::kF32, Shape{10, 10}, ShardSpec::whole(Shape{10, 10})}}};
+  const std::vector<std::vector<ItemDesc>> ranks{
+      {{"model/w", DType::kF32, Shape{10, 10}, ShardSpec::whole(Shape{10, 10})}}};
   auto plan = plan_save(ranks);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   auto writes = plan_writes(0, plan->tensors, ranks[0], 120);

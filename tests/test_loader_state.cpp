@@ -110,7 +110,8 @@ struct Sim {
         int64_t consumed_to = in_buffer.count(id) ? in_buffer[id] : len;
         for (int64_t t = 0; t < len; ++t) {
           int got = (it != token_count.end() && t < static_cast<int64_t>(it->second.size()))
-                        ? it->second[static_cast<size_t>(t)] : 0;
+                        ? it->second[static_cast<size_t>(t)]
+                        : 0;
           ASSERT_EQ(got, t < consumed_to ? 1 : 0)
               << "source " << k << " record " << r << " token " << t << " of " << len;
         }
@@ -158,9 +159,8 @@ TEST_P(Reshard, SplitMergeAndBackIsExactlyOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dp, Reshard,
-                         ::testing::Values(std::make_tuple(4, 2, 2), std::make_tuple(2, 3, 2),
-                                           std::make_tuple(3, 4, 2), std::make_tuple(1, 8, 2),
-                                           std::make_tuple(4, 2, 1), std::make_tuple(2, 3, 1),
+                         ::testing::Values(std::make_tuple(4, 2, 2), std::make_tuple(2, 3, 2), std::make_tuple(3, 4, 2),
+                                           std::make_tuple(1, 8, 2), std::make_tuple(4, 2, 1), std::make_tuple(2, 3, 1),
                                            std::make_tuple(3, 4, 1), std::make_tuple(1, 8, 1),
                                            std::make_tuple(8, 1, 3)),
                          [](const auto& info) {
@@ -214,8 +214,8 @@ TEST(Reshard, HandComputedExample) {
   EXPECT_EQ(pieces, (std::vector<Piece>{{{0, 3}, 0, 5}, {{0, 7}, 0, 5}}));
   EXPECT_EQ(rs->shards[1].next, std::vector<int64_t>{10});
   // The ledger so far: records 0, 2 whole, 4 up to 2, 1 whole.
-  std::vector<Piece> ledger = {{{0, 0}, 0, 5}, {{0, 2}, 0, 5}, {{0, 4}, 0, 2}, {{0, 1}, 0, 5},
-                               {{0, 3}, 0, 5}, {{0, 7}, 0, 5}};
+  std::vector<Piece> ledger = {{{0, 0}, 0, 5}, {{0, 2}, 0, 5}, {{0, 4}, 0, 2},
+                               {{0, 1}, 0, 5}, {{0, 3}, 0, 5}, {{0, 7}, 0, 5}};
   VerifySummary sum;
   Status st = verify_exactly_once(rs->replicated, rs->shards, ledger, &sum);
   EXPECT_TRUE(st.ok()) << st.to_string();
@@ -295,9 +295,8 @@ TEST(Verify, DetectsLossAndRepetition) {
 
   // A partial sample's buffer offset moved back: tokens would repeat.
   auto moved = sim.shards;
-  auto with_buf = std::find_if(moved.begin(), moved.end(), [](const ShardState& s) {
-    return !s.buffer.empty() && s.buffer.front().offset > 0;
-  });
+  auto with_buf = std::find_if(moved.begin(), moved.end(),
+                               [](const ShardState& s) { return !s.buffer.empty() && s.buffer.front().offset > 0; });
   if (with_buf != moved.end()) {
     with_buf->buffer.front().offset -= 1;
     EXPECT_FALSE(verify_exactly_once(sim.rep, moved, sim.ledger).ok());

@@ -161,19 +161,37 @@ struct Corruption {
 TEST(Metadata, MalformedVariantsRejectedAsCorrupt) {
   const std::string text = metadata_to_json(small_info());
   const std::vector<Corruption> cases = {
-      {"region outside shape", [](json& j) { tensor(j, "model/a")["regions"][1]["offset"] = {3, 0}; }, "outside"},
-      {"overlapping regions", [](json& j) { tensor(j, "model/a")["regions"][1]["offset"] = {1, 0}; }, "overlap"},
+      {"region outside shape",
+       [](json& j) {
+         tensor(j, "model/a")["regions"][1]["offset"] = {3, 0};
+       },
+       "outside"},
+      {"overlapping regions",
+       [](json& j) {
+         tensor(j, "model/a")["regions"][1]["offset"] = {1, 0};
+       },
+       "overlap"},
       {"overlapping flat ranges",
-       [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {9, 23}; }, "overlap"},
-      {"incomplete coverage", [](json& j) { tensor(j, "model/a")["regions"][1]["shape"] = {1, 6}; }, "cover"},
+       [](json& j) {
+         tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {9, 23};
+       },
+       "overlap"},
+      {"incomplete coverage",
+       [](json& j) {
+         tensor(j, "model/a")["regions"][1]["shape"] = {1, 6};
+       },
+       "cover"},
       {"incomplete flat coverage",
-       [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {11, 24}; }, "cover"},
+       [](json& j) {
+         tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {11, 24};
+       },
+       "cover"},
       {"nbytes mismatch", [](json& j) { tensor(j, "model/a")["nbytes"] = 95; }, "nbytes"},
       {"dataset beyond file", [](json& j) { tensor(j, "optimizer/exp_avg/a")["file_offset"] = kFileSize - 40; },
        "outside the data file"},
       {"negative file offset", [](json& j) { tensor(j, "model/a")["file_offset"] = -8; }, "outside the data file"},
-      {"datasets overlap in file",
-       [](json& j) { tensor(j, "optimizer/exp_avg/a")["file_offset"] = (1 << 20) + 64; }, "overlap"},
+      {"datasets overlap in file", [](json& j) { tensor(j, "optimizer/exp_avg/a")["file_offset"] = (1 << 20) + 64; },
+       "overlap"},
       {"unknown dtype", [](json& j) { tensor(j, "model/a")["dtype"] = "f12"; }, "f12"},
       {"negative writer", [](json& j) { tensor(j, "model/a")["regions"][0]["writer"] = -1; }, "writer"},
       {"writer beyond world", [](json& j) { tensor(j, "model/a")["regions"][0]["writer"] = 2; }, "writer"},
@@ -184,9 +202,16 @@ TEST(Metadata, MalformedVariantsRejectedAsCorrupt) {
        },
        "twice"},
       {"flat range beyond box",
-       [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {10, 25}; }, "flat range"},
+       [](json& j) {
+         tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {10, 25};
+       },
+       "flat range"},
       {"malformed flat", [](json& j) { tensor(j, "optimizer/exp_avg/a")["regions"][1]["flat"] = {10}; }, "flat"},
-      {"negative extent", [](json& j) { tensor(j, "model/a")["shape"] = {-4, 6}; }, "shape"},
+      {"negative extent",
+       [](json& j) {
+         tensor(j, "model/a")["shape"] = {-4, 6};
+       },
+       "shape"},
       {"malformed region checksum", [](json& j) { tensor(j, "model/a")["regions"][0]["xxh3"] = "XYZ"; }, "checksum"},
       {"duplicate tensor", [](json& j) { j["tensors"].push_back(tensor(j, "model/empty")); }, "twice"},
       {"reserved key", [](json& j) { tensor(j, "model/empty")["key"] = "meta/x"; }, "reserved"},
@@ -204,8 +229,8 @@ TEST(Metadata, MalformedVariantsRejectedAsCorrupt) {
         << c.name << ": message '" << r.status().message() << "' lacks '" << c.needle << "'";
   }
   // Damaged or truncated text, and a file too small for the recorded datasets.
-  for (const std::string& bad : {text.substr(0, text.size() / 2), std::string("[]"), std::string(""),
-                                 std::string("{\"format\":\"h5ckpt\"}")}) {
+  for (const std::string& bad :
+       {text.substr(0, text.size() / 2), std::string("[]"), std::string(""), std::string("{\"format\":\"h5ckpt\"}")}) {
     auto r = metadata_from_json(bad, kFileSize);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt) << r.status().to_string();
@@ -273,12 +298,13 @@ TEST(MetadataHostile, DeepNestingRejectedBeforeParsing) {
   EXPECT_FALSE(metadata_from_json(std::string(1 << 20, '{'), kFileSize).ok());
   // Moderate nesting in unknown fields, and brackets inside strings, are fine.
   const std::string text = metadata_to_json(small_info());
-  auto ok = metadata_from_json(edit(text, [](json& j) {
-                                 json v = 1;
-                                 for (int i = 0; i < 20; ++i) v = json::array({v});
-                                 j["future"] = v;
-                                 j["attributes"]["brackets"] = std::string(5000, '[') + "\\\"{";
-                               }),
+  auto ok = metadata_from_json(edit(text,
+                                    [](json& j) {
+                                      json v = 1;
+                                      for (int i = 0; i < 20; ++i) v = json::array({v});
+                                      j["future"] = v;
+                                      j["attributes"]["brackets"] = std::string(5000, '[') + "\\\"{";
+                                    }),
                                kFileSize);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(ok->attributes.at("brackets").size(), 5003u);
@@ -302,14 +328,16 @@ TEST(MetadataHostile, RegionsMustCoverAndCarryChecksums) {
   // "regions": [] used to pass (no region, nothing to compare) and switched checksums off.
   expect_corrupt("empty region list", edit(text, [](json& j) { tensor(j, "model/a")["regions"] = json::array(); }),
                  "cover 0 of 24");
-  expect_corrupt("checksum dropped",
-                 edit(text, [](json& j) { tensor(j, "model/a")["regions"][1].erase("xxh3"); }), "no checksum");
+  expect_corrupt("checksum dropped", edit(text, [](json& j) { tensor(j, "model/a")["regions"][1].erase("xxh3"); }),
+                 "no checksum");
   expect_corrupt("checksums flag not boolean", edit(text, [](json& j) { j["checksums"] = 1; }), "checksums");
   // A file from before the flag: one checksum anywhere means all regions need one.
-  expect_corrupt("pre-flag file, one checksum dropped", edit(text, [](json& j) {
-                   j.erase("checksums");
-                   tensor(j, "optimizer/exp_avg/a")["regions"][0].erase("xxh3");
-                 }),
+  expect_corrupt("pre-flag file, one checksum dropped",
+                 edit(text,
+                      [](json& j) {
+                        j.erase("checksums");
+                        tensor(j, "optimizer/exp_avg/a")["regions"][0].erase("xxh3");
+                      }),
                  "no checksum");
   auto none = metadata_from_json(edit(text,
                                       [](json& j) {
@@ -365,8 +393,8 @@ CheckpointInfo sliced(int64_t n, bool rows) {
   t.nbytes = static_cast<uint64_t>(4 * n);
   t.file_offset = 0;
   for (int64_t i = 0; i < n; ++i)
-    t.regions.push_back(SavedRegion{rows ? ShardSpec::box_of({i, 0}, {1, 4}) : ShardSpec::box_of({0, i}, {4, 1}),
-                                    0, static_cast<uint64_t>(i + 1)});
+    t.regions.push_back(SavedRegion{rows ? ShardSpec::box_of({i, 0}, {1, 4}) : ShardSpec::box_of({0, i}, {4, 1}), 0,
+                                    static_cast<uint64_t>(i + 1)});
   info.tensors = {t};
   return info;
 }

@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <functional>
 #include <map>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -137,8 +137,9 @@ std::string check_decomposition(const Box& box, int64_t begin, int64_t end) {
   for (const Box& b : boxes)
     for (const Shape& c : elements_of(b)) {
       const int64_t f = flat_in_box(box, c);
-      if (f != expect) return ctx + ": element " + shape_str(c) + " has flat index " + std::to_string(f) +
-                              ", expected " + std::to_string(expect);
+      if (f != expect)
+        return ctx + ": element " + shape_str(c) + " has flat index " + std::to_string(f) + ", expected " +
+               std::to_string(expect);
       ++expect;
     }
   if (expect != end) return ctx + ": boxes cover up to " + std::to_string(expect);
@@ -158,8 +159,9 @@ TEST(DecomposeFlat, WorkedExample) {
 }
 
 TEST(DecomposeFlat, ExhaustiveSmallBoxes) {
-  const std::vector<Box> cases = {Box{{0}, {7}},       Box{{2, 1}, {3, 4}},       Box{{1, 0, 2}, {2, 3, 4}},
-                                  Box{{0, 0, 0, 0}, {2, 3, 2, 3}}, Box{{0, 0}, {1, 5}}, Box{{3, 0, 0}, {4, 1, 3}}};
+  const std::vector<Box> cases = {
+      Box{{0}, {7}},       Box{{2, 1}, {3, 4}},      Box{{1, 0, 2}, {2, 3, 4}}, Box{{0, 0, 0, 0}, {2, 3, 2, 3}},
+      Box{{0, 0}, {1, 5}}, Box{{3, 0, 0}, {4, 1, 3}}};
   for (const Box& box : cases) {
     const int64_t vol = volume_of(box.shape);
     for (int64_t b = 0; b <= vol; ++b)
@@ -281,8 +283,8 @@ TEST(ForEachRun, MatchesPerElementLoopIncludingFlatFrames) {
           for (int64_t i = 0; i < r.count; ++i) got.emplace_back(r.src + i, r.dst + i);
         }
         for (const Shape& c : elements_of(*region)) expect.emplace_back(naive_index(src, c), naive_index(dst, c));
-        ASSERT_EQ(got, expect) << "region " << box_str(*region) << " src " << box_str(src.box) << " @"
-                               << src.flat_begin << " dst " << box_str(dst.box) << " @" << dst.flat_begin;
+        ASSERT_EQ(got, expect) << "region " << box_str(*region) << " src " << box_str(src.box) << " @" << src.flat_begin
+                               << " dst " << box_str(dst.box) << " @" << dst.flat_begin;
         // Every index must lie inside the buffers the frames describe.
         for (auto [s, d] : got) {
           ASSERT_GE(s, 0);
@@ -292,8 +294,8 @@ TEST(ForEachRun, MatchesPerElementLoopIncludingFlatFrames) {
         size_t breaks = 1;
         for (size_t i = 1; i < expect.size(); ++i)
           if (expect[i].first != expect[i - 1].first + 1 || expect[i].second != expect[i - 1].second + 1) ++breaks;
-        EXPECT_EQ(runs.size(), breaks) << "region " << box_str(*region) << " src " << box_str(src.box)
-                                       << " dst " << box_str(dst.box);
+        EXPECT_EQ(runs.size(), breaks) << "region " << box_str(*region) << " src " << box_str(src.box) << " dst "
+                                       << box_str(dst.box);
       }
   }
   EXPECT_GT(regions, 2000);
@@ -489,15 +491,15 @@ TEST(PlanSave, ReplicasWrittenOnce) {
   int assignments = 0;
   for (const auto& v : plan->by_rank) assignments += static_cast<int>(v.size());
   EXPECT_EQ(assignments, 3);
-  const uint64_t total =
-      std::accumulate(plan->bytes_by_rank.begin(), plan->bytes_by_rank.end(), uint64_t{0});
+  const uint64_t total = std::accumulate(plan->bytes_by_rank.begin(), plan->bytes_by_rank.end(), uint64_t{0});
   EXPECT_EQ(total, (4u + 32u) * 4u);
 }
 
 TEST(PlanSave, EqualReplicasSpreadOnePerRank) {
   Ranks ranks(8);
   for (int r = 0; r < 8; ++r)
-    for (int t = 0; t < 8; ++t) ranks[r].push_back(item("model/t" + std::to_string(t), {16, 16}, ShardSpec::whole({16, 16})));
+    for (int t = 0; t < 8; ++t)
+      ranks[r].push_back(item("model/t" + std::to_string(t), {16, 16}, ShardSpec::whole({16, 16})));
   auto plan = plan_save(ranks);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   check_plan(ranks, *plan);
@@ -521,7 +523,8 @@ TEST(PlanSave, UnequalSizesBalancedWorstFit) {
       const int64_t b = rows * 16 * static_cast<int64_t>(dtype_size(dt));
       total += b;
       largest = std::max(largest, b);
-      for (int r = 0; r < nranks; ++r) ranks[r].push_back(item("opt/t" + std::to_string(t), g, ShardSpec::whole(g), dt));
+      for (int r = 0; r < nranks; ++r)
+        ranks[r].push_back(item("opt/t" + std::to_string(t), g, ShardSpec::whole(g), dt));
     }
     auto plan = plan_save(ranks);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
@@ -629,8 +632,8 @@ TEST(PlanSaveErrors, GroupPrefixWithKeysSortedBetween) {
 }
 
 TEST(PlanSaveErrors, InvalidAndReservedKeys) {
-  for (const char* k : {"", "model/w eight", "model//w", "/model/w", "model/w/", "model/../w", "model/./w",
-                        "a$b", "mo\xc3\xa9l", "meta", "meta/index", "meta/x/y"}) {
+  for (const char* k : {"", "model/w eight", "model//w", "/model/w", "model/w/", "model/../w", "model/./w", "a$b",
+                        "mo\xc3\xa9l", "meta", "meta/index", "meta/x/y"}) {
     Ranks ranks(2);
     ranks[0].push_back(item("model/ok", {2}, ShardSpec::whole({2})));
     ranks[1].push_back(item("model/ok", {2}, ShardSpec::whole({2})));
@@ -740,7 +743,8 @@ TEST(PlanSaveScale, MegatronLike10000Ranks) {
         const int rank = tp + TP * (dp + DP * pp);  // Megatron order: TP fastest, then DP, then PP
         auto& items = ranks[rank];
         for (const auto& w : ws) {
-          const ShardSpec local = w.split_dim < 0 ? ShardSpec::whole(w.shape) : ShardSpec::split(w.shape, w.split_dim, TP, tp);
+          const ShardSpec local =
+              w.split_dim < 0 ? ShardSpec::whole(w.shape) : ShardSpec::split(w.shape, w.split_dim, TP, tp);
           items.push_back(item("model/" + w.name, w.shape, local, DType::kBF16));
           // Distributed optimizer: the TP-local tensor flattened and split over DP (uneven).
           const int64_t n = local.numel(), base = n / DP, extra = n % DP;
@@ -801,10 +805,11 @@ TEST(PlanSaveScale, MegatronLike10000Ranks) {
   }
   EXPECT_EQ(by_rank_total, expect_total);
   EXPECT_EQ(assignments, nregions);
-  std::printf("[ scale    ] %d ranks (TP %d, PP %d, DP %d), %zu items, %zu tensors, %zu regions, %.1f MiB: "
-              "plan_save %.3f s; per-rank write load min %.2f / max %.2f MiB\n",
-              world, TP, PP, DP, nitems, plan->tensors.size(), nregions, expect_total / 1048576.0, secs,
-              min_load / 1048576.0, max_load / 1048576.0);
+  std::printf(
+      "[ scale    ] %d ranks (TP %d, PP %d, DP %d), %zu items, %zu tensors, %zu regions, %.1f MiB: "
+      "plan_save %.3f s; per-rank write load min %.2f / max %.2f MiB\n",
+      world, TP, PP, DP, nitems, plan->tensors.size(), nregions, expect_total / 1048576.0, secs, min_load / 1048576.0,
+      max_load / 1048576.0);
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 // `h5ckpt report` parsing, statistics and rendering (src/tools/report_*.cpp) on tests/report/metrics.json: 4 ranks,
 // phases plan/snapshot/write/commit, rank 2 deliberately slow in `write` (3.75 s vs ~1 s).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdio>

@@ -47,11 +47,11 @@ TEST(SelectForDeletion, KeepsNewestAndMilestonesOldestFirst) {
   // Unordered input: the function orders by step itself.
   auto e = steps({3, 10, 1, 7, 4, 9, 2, 8, 6, 5});
   EXPECT_EQ(del(e, 3, 0), (std::vector<std::string>{"step-101", "step-102", "step-103", "step-104", "step-105",
-                                                     "step-106", "step-107"}));
-  EXPECT_EQ(del(e, 3, 4), (std::vector<std::string>{"step-101", "step-102", "step-103", "step-105", "step-106",
-                                                     "step-107"}));
+                                                    "step-106", "step-107"}));
+  EXPECT_EQ(del(e, 3, 4),
+            (std::vector<std::string>{"step-101", "step-102", "step-103", "step-105", "step-106", "step-107"}));
   EXPECT_EQ(del(e, 1, 5), (std::vector<std::string>{"step-101", "step-102", "step-103", "step-104", "step-106",
-                                                     "step-107", "step-108", "step-109"}));
+                                                    "step-107", "step-108", "step-109"}));
   EXPECT_TRUE(del(e, 10, 0).empty());
   EXPECT_TRUE(del(e, 11, 0).empty());
 }
@@ -238,8 +238,8 @@ TEST_F(Dir, ApplyRetentionKeepsTheRightSet) {
   EXPECT_EQ(done->deleted, dry->deleted);
   EXPECT_EQ(names(), (std::set<std::string>{".step-111.inprogress-7-7", "broken", "logs", "step-101", "step-102",
                                             "step-104", "step-108", "step-109", "step-110"}));
-  EXPECT_EQ(done->kept, (std::vector<std::string>{"step-110", "step-109", "step-108", "step-104", "step-102",
-                                                  "step-101"}));
+  EXPECT_EQ(done->kept,
+            (std::vector<std::string>{"step-110", "step-109", "step-108", "step-104", "step-102", "step-101"}));
 }
 
 TEST_F(Dir, RetentionKeepsWhatALoadWouldSelect) {
@@ -349,7 +349,7 @@ TEST_P(Publish, OverwriteCrashLeavesALoadableDirectory) {
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   if (exchange) {
     EXPECT_EQ(fs::path(info->path).filename(), "step-2");  // never a moment without step-2
-    EXPECT_EQ(info->step, 22);                              // the new one is in place
+    EXPECT_EQ(info->step, 22);                             // the new one is in place
   } else {
     EXPECT_EQ(fs::path(info->path).filename(), "step-1");  // step-2 missing: the newest that validates
   }

@@ -17,13 +17,16 @@ std::vector<planner::ItemDesc> sample_items() {
 }
 
 std::vector<planner::TensorPlan> sample_tensors() {
-  return {{"model/w", DType::kBF16, Shape{8, 4},
+  return {{"model/w",
+           DType::kBF16,
+           Shape{8, 4},
            {{ShardSpec::split(Shape{8, 4}, 0, 2, 0), 0}, {ShardSpec::split(Shape{8, 4}, 0, 2, 1), 3}}},
           {"extra/step", DType::kI64, Shape{1}, {{ShardSpec::whole(Shape{1}), 1}}}};
 }
 
 std::vector<planner::ItemRole> sample_roles() {
-  return {{planner::Role::kRead, 0, -1, {1, 2, 3}}, {planner::Role::kReceive, 1, 2, {}}, {planner::Role::kSkip, 0, -1, {}}};
+  return {
+      {planner::Role::kRead, 0, -1, {1, 2, 3}}, {planner::Role::kReceive, 1, 2, {}}, {planner::Role::kSkip, 0, -1, {}}};
 }
 
 std::vector<LoadRequestEntry> sample_requests() {

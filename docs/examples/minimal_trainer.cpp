@@ -18,13 +18,12 @@
 // any mismatch makes the program exit 1 (on every rank). Exit 2: bad arguments.
 #include <mpi.h>
 
-#include <h5ckpt/h5ckpt.hpp>
-
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <h5ckpt/h5ckpt.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,11 +56,11 @@ uint32_t fnv1a(const std::string& s) {
 // ---- this rank's tensors -------------------------------------------------------------------
 
 struct Tensor {
-  std::string key;            // layout-independent name
-  h5ckpt::Shape shape;        // global shape
-  h5ckpt::ShardSpec shard;    // the part this rank holds
-  uint32_t h = 0;             // seed of the value formula
-  std::vector<float> data;    // shard.numel() elements, contiguous
+  std::string key;          // layout-independent name
+  h5ckpt::Shape shape;      // global shape
+  h5ckpt::ShardSpec shard;  // the part this rank holds
+  uint32_t h = 0;           // seed of the value formula
+  std::vector<float> data;  // shard.numel() elements, contiguous
 
   // Global row-major index of element j of this rank's buffer (box or flat range of a box).
   int64_t global_index(int64_t j) const {
@@ -104,7 +103,7 @@ struct Model {
       const h5ckpt::Shape fc1{kFfn, kHidden}, fc2{kHidden, kFfn}, norm{kHidden};
       add_param(topo, p + "mlp.fc1.weight", fc1, h5ckpt::ShardSpec::split(fc1, 0, n.tp, me.tp));  // column-parallel
       add_param(topo, p + "mlp.fc2.weight", fc2, h5ckpt::ShardSpec::split(fc2, 1, n.tp, me.tp));  // row-parallel
-      add_param(topo, p + "norm.weight", norm, h5ckpt::ShardSpec::whole(norm));                    // replicated
+      add_param(topo, p + "norm.weight", norm, h5ckpt::ShardSpec::whole(norm));                   // replicated
     }
   }
 
@@ -236,8 +235,8 @@ int run(const Args& args) {
     if (g_rank == 0) {
       auto info = h5ckpt::read_checkpoint_info(loaded->path);  // metadata only, no MPI
       if (info.ok())
-        std::printf("resumed %s (step %" PRId64 ", saved as tp%d.dp%d.pp%d) as %s\n", loaded->path.c_str(),
-                    info->step, info->saved_sizes.tp, info->saved_sizes.dp, info->saved_sizes.pp, layout.c_str());
+        std::printf("resumed %s (step %" PRId64 ", saved as tp%d.dp%d.pp%d) as %s\n", loaded->path.c_str(), info->step,
+                    info->saved_sizes.tp, info->saved_sizes.dp, info->saved_sizes.pp, layout.c_str());
     }
     const int64_t bad = sum_over_ranks(model.count_mismatches("after load"));
     if (bad != 0) {
@@ -250,8 +249,8 @@ int run(const Args& args) {
   }
   if (args.expect_start >= 0 && model.trainer.step != args.expect_start) {
     if (g_rank == 0)
-      std::fprintf(stderr, "minimal_trainer: started at step %" PRId64 ", expected %" PRId64 "\n",
-                   model.trainer.step, args.expect_start);
+      std::fprintf(stderr, "minimal_trainer: started at step %" PRId64 ", expected %" PRId64 "\n", model.trainer.step,
+                   args.expect_start);
     return 1;
   }
 
@@ -288,7 +287,8 @@ int run(const Args& args) {
     if (g_rank == 0) std::fprintf(stderr, "minimal_trainer: %" PRId64 " final values are wrong\n", bad);
     return 1;
   }
-  if (g_rank == 0) std::printf("done at step %" PRId64 " as %s: every value checked OK\n", model.trainer.step, layout.c_str());
+  if (g_rank == 0)
+    std::printf("done at step %" PRId64 " as %s: every value checked OK\n", model.trainer.step, layout.c_str());
   // Returning destroys the Checkpointer (which waits for a save in flight) and then the
   // Topology (which frees its communicators): both before main() calls MPI_Finalize.
   return 0;
@@ -311,8 +311,9 @@ int main(int argc, char** argv) {
   if (auto args = parse_args(argc, argv, world)) {
     rc = run(*args);
   } else if (g_rank == 0) {
-    std::fprintf(stderr, "usage: minimal_trainer [--tp N] [--dp N] [--pp N] [--steps N] [--save-every K] "
-                         "[--expect-start S] CKPT_DIR\n");
+    std::fprintf(stderr,
+                 "usage: minimal_trainer [--tp N] [--dp N] [--pp N] [--steps N] [--save-every K] "
+                 "[--expect-start S] CKPT_DIR\n");
   }
   int worst = 0;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

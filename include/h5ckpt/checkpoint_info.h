@@ -38,14 +38,14 @@ struct TensorInfo {
 
 /// A checkpoint's validated global metadata. Reading it needs no MPI.
 struct H5CKPT_API CheckpointInfo {
-  std::string path;  ///< checkpoint directory
+  std::string path;       ///< checkpoint directory
   std::string data_file;  ///< absolute path of the HDF5 file
   int format_version = 0;
   std::string library_version;
   int64_t step = -1;
   ParallelSizes saved_sizes;
   std::vector<RankCoords> saved_coords;
-  std::vector<TensorInfo> tensors;  ///< sorted by key
+  std::vector<TensorInfo> tensors;                ///< sorted by key
   std::map<std::string, std::string> attributes;  ///< caller's string attributes
 
   const TensorInfo* find(const std::string& key) const;

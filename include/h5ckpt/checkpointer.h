@@ -113,22 +113,22 @@ struct SaveReport {
   uint64_t bytes_direct = 0;   ///< of those, bytes written with O_DIRECT (see direct_io)
   uint64_t bytes_total = 0;    ///< unique bytes in the checkpoint (all ranks)
   uint64_t blocked_bytes = 0;  ///< async only: bytes snapshotted only after waiting for the writer
-  double plan_s = 0;      ///< planning (0 when the cached plan was reused, but for one allreduce)
-  double snapshot_s = 0;  ///< async only: copying into the staging pool (the blocking part)
+  double plan_s = 0;           ///< planning (0 when the cached plan was reused, but for one allreduce)
+  double snapshot_s = 0;       ///< async only: copying into the staging pool (the blocking part)
   double write_s = 0, commit_s = 0, total_s = 0;
   bool plan_cached = false;
   bool async = false;
 };
 
 struct LoadReport {
-  std::string path;  ///< checkpoint directory actually read (after following `latest`)
-  uint64_t bytes_read = 0;      ///< storage bytes this rank read
-  uint64_t bytes_sent = 0;      ///< bytes this rank sent to replicas (zero-redundancy loading)
-  uint64_t bytes_received = 0;  ///< bytes this rank received instead of reading them
+  std::string path;                       ///< checkpoint directory actually read (after following `latest`)
+  uint64_t bytes_read = 0;                ///< storage bytes this rank read
+  uint64_t bytes_sent = 0;                ///< bytes this rank sent to replicas (zero-redundancy loading)
+  uint64_t bytes_received = 0;            ///< bytes this rank received instead of reading them
   std::vector<std::string> missing_keys;  ///< non-strict loads only
-  double plan_s = 0;      ///< metadata, validation and the load plan
-  double read_s = 0;      ///< storage reads
-  double exchange_s = 0;  ///< waiting for transfers after the reads
+  double plan_s = 0;                      ///< metadata, validation and the load plan
+  double read_s = 0;                      ///< storage reads
+  double exchange_s = 0;                  ///< waiting for transfers after the reads
   double total_s = 0;
   bool plan_cached = false;
   std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"
@@ -166,8 +166,7 @@ class H5CKPT_API Checkpointer {
 
   /// Writes `state` as checkpoint directory `path` and commits it atomically.
   /// Collective over the topology's world; every rank returns the same Status.
-  Result<SaveReport> save(const StateDict& state, const std::string& path,
-                          const SaveOptions& options = {});
+  Result<SaveReport> save(const StateDict& state, const std::string& path, const SaveOptions& options = {});
 
   /// Like save(), but returns once this rank's part of `state` has been copied into the staging
   /// pool; the caller may then modify its buffers. Writing, checksumming and the commit run on a
@@ -175,8 +174,7 @@ class H5CKPT_API Checkpointer {
   /// and nobody called wait() on it, its error is returned here and nothing new is started.
   /// Falls back to a synchronous save (with a warning) when MPI was not initialized with
   /// MPI_THREAD_MULTIPLE. Collective over the topology's world.
-  Result<SaveHandle> save_async(const StateDict& state, const std::string& path,
-                                const SaveOptions& options = {});
+  Result<SaveHandle> save_async(const StateDict& state, const std::string& path, const SaveOptions& options = {});
 
   /// Waits for the asynchronous save in flight, if any (its outcome stays on its handle).
   void wait_pending();
@@ -189,8 +187,7 @@ class H5CKPT_API Checkpointer {
   /// Fills the buffers of `state` from the checkpoint at `path` (a checkpoint directory, or a
   /// directory whose `latest` names one), whatever layout saved it.
   /// Collective over the topology's world; every rank returns the same Status.
-  Result<LoadReport> load(StateDict& state, const std::string& path,
-                          const LoadOptions& options = {});
+  Result<LoadReport> load(StateDict& state, const std::string& path, const LoadOptions& options = {});
 
   /// String attributes stored with the next save (e.g. trainer configuration).
   void set_attribute(const std::string& name, const std::string& value);

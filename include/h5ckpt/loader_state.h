@@ -78,20 +78,20 @@ struct Piece {
 /// The replicated part, saved once.
 struct H5CKPT_API ReplicatedState {
   LoaderConfig config;
-  int64_t num_shards = 1;       ///< S: shards of the walk (dp * workers at the last reshard)
-  std::vector<int64_t> base;    ///< per source: first record of the current strided walk
-  int64_t generation = 0;       ///< number of reshards so far (informational)
+  int64_t num_shards = 1;     ///< S: shards of the walk (dp * workers at the last reshard)
+  std::vector<int64_t> base;  ///< per source: first record of the current strided walk
+  int64_t generation = 0;     ///< number of reshards so far (informational)
   bool operator==(const ReplicatedState&) const;
 };
 
 /// The sharded part of one shard (one read worker of one DP rank).
 struct ShardState {
-  int64_t shard = 0;                    ///< global shard id in [0, num_shards)
-  std::vector<int64_t> next;            ///< per source: next record of this shard's walk
-  int64_t draws = 0;                    ///< source choices made so far (drives the choice hash)
-  std::vector<SampleId> pending;        ///< whole samples to fetch before the walk, in order
-  std::vector<BufferedSample> buffer;   ///< token buffer, front first
-  int64_t tokens_consumed = 0;          ///< statistics
+  int64_t shard = 0;                   ///< global shard id in [0, num_shards)
+  std::vector<int64_t> next;           ///< per source: next record of this shard's walk
+  int64_t draws = 0;                   ///< source choices made so far (drives the choice hash)
+  std::vector<SampleId> pending;       ///< whole samples to fetch before the walk, in order
+  std::vector<BufferedSample> buffer;  ///< token buffer, front first
+  int64_t tokens_consumed = 0;         ///< statistics
   int64_t samples_fetched = 0;
   bool operator==(const ShardState&) const = default;
 };

@@ -13,21 +13,21 @@
 namespace h5ckpt::metrics_schema {
 
 // Document keys.
-inline constexpr const char* kOp = "op";  ///< kOpSave or kOpLoad
+inline constexpr const char* kOp = "op";                  ///< kOpSave or kOpLoad
 inline constexpr const char* kCheckpoint = "checkpoint";  ///< checkpoint directory
-inline constexpr const char* kWorld = "world";  ///< number of ranks
-inline constexpr const char* kTopology = "topology";  ///< object of kTp, kDp, kPp
+inline constexpr const char* kWorld = "world";            ///< number of ranks
+inline constexpr const char* kTopology = "topology";      ///< object of kTp, kDp, kPp
 inline constexpr const char* kTp = "tp";
 inline constexpr const char* kDp = "dp";
 inline constexpr const char* kPp = "pp";
 inline constexpr const char* kPhaseOrder = "phase_order";  ///< phase names in display order
-inline constexpr const char* kRanks = "ranks";  ///< one object per rank
+inline constexpr const char* kRanks = "ranks";             ///< one object per rank
 
 // Keys of one rank's object.
 inline constexpr const char* kRank = "rank";
 inline constexpr const char* kCoords = "coords";  ///< [tp, dp, pp]
 inline constexpr const char* kPhases = "phases";  ///< phase name -> seconds
-inline constexpr const char* kBytes = "bytes";  ///< counter name -> bytes
+inline constexpr const char* kBytes = "bytes";    ///< counter name -> bytes
 
 // Values of kOp.
 inline constexpr const char* kOpSave = "save";

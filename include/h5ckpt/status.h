@@ -55,8 +55,8 @@ class [[nodiscard]] H5CKPT_API Status {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}                 // NOLINT(google-explicit-constructor)
-  Result(Status status) : v_(std::move(status)) {}          // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOkStatus;
@@ -80,10 +80,10 @@ class [[nodiscard]] Result {
 #define H5CKPT_CONCAT_(a, b) H5CKPT_CONCAT_INNER_(a, b)
 
 /// Returns the Status of `expr` from the enclosing function when it is not ok.
-#define H5CKPT_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::h5ckpt::Status h5ckpt_st_ = (expr);         \
-    if (!h5ckpt_st_.ok()) return h5ckpt_st_;      \
+#define H5CKPT_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::h5ckpt::Status h5ckpt_st_ = (expr);    \
+    if (!h5ckpt_st_.ok()) return h5ckpt_st_; \
   } while (0)
 
 #define H5CKPT_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

@@ -46,8 +46,8 @@ class H5CKPT_API Topology {
   Topology& operator=(Topology&&) noexcept;
   ~Topology();
 
-  int rank() const;   ///< rank in the world communicator
-  int size() const;   ///< world size
+  int rank() const;  ///< rank in the world communicator
+  int size() const;  ///< world size
   ParallelSizes sizes() const;
   RankCoords coords() const;
   /// Coordinates of every world rank (index = world rank).

@@ -15,8 +15,18 @@ namespace h5ckpt {
 /// Element types a checkpoint can hold. bf16 and fp8 e5m2 are stored as HDF5 custom floats
 /// (h5dump prints their values); fp8 e4m3fn and bool as uint8 with a dtype attribute.
 enum class DType : uint8_t {
-  kF32, kF64, kF16, kBF16, kF8E4M3, kF8E5M2,
-  kI8, kI16, kI32, kI64, kU8, kBool,
+  kF32,
+  kF64,
+  kF16,
+  kBF16,
+  kF8E4M3,
+  kF8E5M2,
+  kI8,
+  kI16,
+  kI32,
+  kI64,
+  kU8,
+  kBool,
 };
 
 /// Bytes per element.

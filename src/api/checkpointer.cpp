@@ -46,8 +46,8 @@ void Checkpointer::touch_staging() {
 
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
   wait_pending();
-  return engine::save(impl_->comms(), state, path, options, impl_->attributes, impl_->plan_cache,
-                      impl_->options, impl_->pool);
+  return engine::save(impl_->comms(), state, path, options, impl_->attributes, impl_->plan_cache, impl_->options,
+                      impl_->pool);
 }
 
 Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::string& path,
@@ -76,9 +76,7 @@ Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path,
                       impl_->device_link);
 }
 
-void Checkpointer::set_attribute(const std::string& name, const std::string& value) {
-  impl_->attributes[name] = value;
-}
+void Checkpointer::set_attribute(const std::string& name, const std::string& value) { impl_->attributes[name] = value; }
 
 const char* version() { return H5CKPT_VERSION; }
 

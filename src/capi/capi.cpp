@@ -1,14 +1,13 @@
 // The C interface (include/h5ckpt/h5ckpt.h): handles wrap the C++ objects; every entry point
 // turns a Status (or an exception, which must not cross the C boundary) into an int code plus
 // thread-local text.
-#include "h5ckpt/h5ckpt.h"
-
 #include <exception>
 #include <new>
 #include <string>
 #include <utility>
 
 #include "h5ckpt/checkpointer.h"
+#include "h5ckpt/h5ckpt.h"
 #include "h5ckpt/state.h"
 #include "h5ckpt/topology.h"
 
@@ -70,8 +69,8 @@ int guarded(const char* where, Fn&& fn) {
 bool valid_dtype(int dtype) { return dtype >= H5CKPT_F32 && dtype <= H5CKPT_BOOL; }
 
 // Checks the arguments common to all add_* calls and builds the global shape.
-int tensor_args(const char* fn, const h5ckpt_state_t* state, const char* key, int dtype, int ndim,
-                const int64_t* shape, h5ckpt::Shape* out) {
+int tensor_args(const char* fn, const h5ckpt_state_t* state, const char* key, int dtype, int ndim, const int64_t* shape,
+                h5ckpt::Shape* out) {
   const std::string where = std::string(fn) + ": ";
   if (!state) return fail(ErrorCode::kInvalidArgument, where + "state is NULL");
   if (!key || !*key) return fail(ErrorCode::kInvalidArgument, where + "key is NULL or empty");
@@ -145,16 +144,17 @@ int h5ckpt_state_create(h5ckpt_state_t** out) {
   });
 }
 
-int h5ckpt_state_add_sharded(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
-                             const int64_t* global_shape, const int64_t* offsets, const int64_t* lengths,
-                             void* data) {
+int h5ckpt_state_add_sharded(h5ckpt_state_t* state, const char* key, int dtype, int ndim, const int64_t* global_shape,
+                             const int64_t* offsets, const int64_t* lengths, void* data) {
   return guarded("h5ckpt_state_add_sharded", [&] {
     h5ckpt::Shape shape;
-    if (const int rc = tensor_args("h5ckpt_state_add_sharded", state, key, dtype, ndim, global_shape, &shape)) return rc;
+    if (const int rc = tensor_args("h5ckpt_state_add_sharded", state, key, dtype, ndim, global_shape, &shape))
+      return rc;
     if (!offsets || !lengths)
-      return fail(ErrorCode::kInvalidArgument, std::string("h5ckpt_state_add_sharded: '") + key +
-                                                   "' needs offsets and lengths arrays");
-    auto spec = h5ckpt::ShardSpec::box_of(h5ckpt::Shape(offsets, offsets + ndim), h5ckpt::Shape(lengths, lengths + ndim));
+      return fail(ErrorCode::kInvalidArgument,
+                  std::string("h5ckpt_state_add_sharded: '") + key + "' needs offsets and lengths arrays");
+    auto spec =
+        h5ckpt::ShardSpec::box_of(h5ckpt::Shape(offsets, offsets + ndim), h5ckpt::Shape(lengths, lengths + ndim));
     state->dict.add(key, static_cast<h5ckpt::DType>(dtype), std::move(shape), std::move(spec), data);
     return kOk;
   });
@@ -297,9 +297,8 @@ int h5ckpt_info_tensor(const h5ckpt_info_t* info, size_t index, const char** key
                        const int64_t** shape) {
   if (!info) return fail(ErrorCode::kInvalidArgument, "h5ckpt_info_tensor: info is NULL");
   if (index >= info->info.tensors.size())
-    return fail(ErrorCode::kInvalidArgument, "h5ckpt_info_tensor: index " + std::to_string(index) +
-                                                 " out of range (" + std::to_string(info->info.tensors.size()) +
-                                                 " tensors)");
+    return fail(ErrorCode::kInvalidArgument, "h5ckpt_info_tensor: index " + std::to_string(index) + " out of range (" +
+                                                 std::to_string(info->info.tensors.size()) + " tensors)");
   const h5ckpt::TensorInfo& t = info->info.tensors[index];
   if (key) *key = t.key.c_str();
   if (dtype) *dtype = static_cast<int>(t.dtype);
@@ -311,7 +310,8 @@ int h5ckpt_info_tensor(const h5ckpt_info_t* info, size_t index, const char** key
 int h5ckpt_info_find(const h5ckpt_info_t* info, const char* key, size_t* index) {
   if (!info || !key) return fail(ErrorCode::kInvalidArgument, "h5ckpt_info_find: NULL argument");
   const h5ckpt::TensorInfo* t = info->info.find(key);
-  if (!t) return fail(ErrorCode::kNotFound, std::string("key '") + key + "' is not in checkpoint '" + info->info.path + "'");
+  if (!t)
+    return fail(ErrorCode::kNotFound, std::string("key '") + key + "' is not in checkpoint '" + info->info.path + "'");
   if (index) *index = static_cast<size_t>(t - info->info.tensors.data());
   return kOk;
 }

@@ -239,8 +239,8 @@ Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int roo
   }
   H5CKPT_RETURN_IF_ERROR(finish(posted, reqs, "scatter", comm, d));
   if (rank == root && static_cast<int>(parts.size()) != size)
-    return Status(ErrorCode::kInternal, "scatter_bytes: " + std::to_string(parts.size()) + " parts for " +
-                                            std::to_string(size) + " ranks");
+    return Status(ErrorCode::kInternal,
+                  "scatter_bytes: " + std::to_string(parts.size()) + " parts for " + std::to_string(size) + " ranks");
   return mine;
 }
 

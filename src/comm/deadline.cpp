@@ -19,9 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kReportTag = 1;     // the only traffic on a side channel
-constexpr int kCollectors = 8;    // ranks that hear from everyone (everyone hears from them)
-constexpr auto kGrace = std::chrono::milliseconds(1500);   // for the reports of the others
+constexpr int kReportTag = 1;                                // the only traffic on a side channel
+constexpr int kCollectors = 8;                               // ranks that hear from everyone (everyone hears from them)
+constexpr auto kGrace = std::chrono::milliseconds(1500);     // for the reports of the others
 constexpr auto kPrintLead = std::chrono::milliseconds(300);  // lets peers print before the abort
 constexpr auto kProbeEvery = std::chrono::milliseconds(10);  // look for peers' reports while waiting
 constexpr size_t kMaxListed = 32;

@@ -44,8 +44,7 @@ class Deadline {
 /// Completes `n` requests, sleeping `poll_us` between polls. Past `deadline` (or as soon as a
 /// peer of `comm` reports that its own deadline passed) it reports and aborts the job (expire).
 /// `comm` (MPI_COMM_NULL if unknown) is the communicator whose peers are waited for.
-Status wait_until(int n, MPI_Request* requests, int poll_us, const char* what, MPI_Comm comm,
-                  const Deadline& deadline);
+Status wait_until(int n, MPI_Request* requests, int poll_us, const char* what, MPI_Comm comm, const Deadline& deadline);
 
 /// For waits on something other than MPI requests (NCCL): aborts like wait_until when `deadline`
 /// passed or a peer of `comm` expired; returns otherwise. Call it between polls.

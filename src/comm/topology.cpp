@@ -41,13 +41,11 @@ Result<Topology> Topology::create(MPI_Comm world, ParallelSizes sizes) {
   auto impl = std::make_unique<Impl>();
   H5CKPT_ASSIGN_OR_RETURN(impl->world, comm::Comm::duplicate(world));
   const int size = impl->world.size(), rank = impl->world.rank();
-  if (sizes.tp < 1 || sizes.dp < 1 || sizes.pp < 1 ||
-      static_cast<int64_t>(sizes.tp) * sizes.dp * sizes.pp != size)
-    return Status(ErrorCode::kInvalidArgument,
-                  "topology tp=" + std::to_string(sizes.tp) + " dp=" + std::to_string(sizes.dp) +
-                      " pp=" + std::to_string(sizes.pp) + " needs " +
-                      std::to_string(int64_t(sizes.tp) * sizes.dp * sizes.pp) + " ranks, world has " +
-                      std::to_string(size));
+  if (sizes.tp < 1 || sizes.dp < 1 || sizes.pp < 1 || static_cast<int64_t>(sizes.tp) * sizes.dp * sizes.pp != size)
+    return Status(ErrorCode::kInvalidArgument, "topology tp=" + std::to_string(sizes.tp) + " dp=" +
+                                                   std::to_string(sizes.dp) + " pp=" + std::to_string(sizes.pp) +
+                                                   " needs " + std::to_string(int64_t(sizes.tp) * sizes.dp * sizes.pp) +
+                                                   " ranks, world has " + std::to_string(size));
   impl->sizes = sizes;
   // Megatron order: TP fastest, then DP, then PP.
   impl->coords = RankCoords{rank % sizes.tp, (rank / sizes.tp) % sizes.dp, rank / (sizes.tp * sizes.dp)};

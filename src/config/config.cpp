@@ -41,7 +41,8 @@ const std::string& s(const Value& v) { return std::get<std::string>(v); }
 
 // [mpi_hints] is open-ended (any hint name) and handled apart from this table.
 const KeyDef kKeys[] = {
-    {"checkpointer", "async", "H5CKPT_ASYNC", Kind::kBool, [](Config& c, const Value& v) { c.checkpointer.async = b(v); }},
+    {"checkpointer", "async", "H5CKPT_ASYNC", Kind::kBool,
+     [](Config& c, const Value& v) { c.checkpointer.async = b(v); }},
     {"checkpointer", "direct_writes", "H5CKPT_DIRECT_WRITES", Kind::kBool,
      [](Config& c, const Value& v) { c.checkpointer.direct_writes = b(v); }},
     {"checkpointer", "direct_io", "H5CKPT_DIRECT_IO", Kind::kBool,
@@ -76,7 +77,8 @@ const KeyDef kKeys[] = {
     {"load", "read_window_bytes", "H5CKPT_READ_WINDOW_BYTES", Kind::kSize,
      [](Config& c, const Value& v) { c.load.read_window_bytes = u(v); }},
     {"logging", "level", "H5CKPT_LOG_LEVEL", Kind::kLogLevel, [](Config& c, const Value& v) { c.log_level = s(v); }},
-    {"metrics", "enabled", "H5CKPT_METRICS", Kind::kBool, [](Config& c, const Value& v) { c.checkpointer.metrics = b(v); }},
+    {"metrics", "enabled", "H5CKPT_METRICS", Kind::kBool,
+     [](Config& c, const Value& v) { c.checkpointer.metrics = b(v); }},
     {"metrics", "dir", "H5CKPT_METRICS_DIR", Kind::kString,
      [](Config& c, const Value& v) { c.checkpointer.metrics_dir = s(v); }},
 };
@@ -115,8 +117,8 @@ std::string trim(const std::string& x) {
 // Log-level spellings we accept -> spdlog level; spdlog's own from_str maps typos to "off".
 bool log_level_from(const std::string& name, spdlog::level::level_enum* out) {
   static const std::pair<const char*, spdlog::level::level_enum> kLevels[] = {
-      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
-      {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},       {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn},      {"error", spdlog::level::err},
       {"err", spdlog::level::err},     {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
   const std::string l = lower(trim(name));
   for (const auto& [n, lv] : kLevels)
@@ -175,9 +177,7 @@ std::string value_from_text(Kind k, const std::string& text, Value* out) {
     case Kind::kString:
       *out = text;  // untrimmed: a path may legitimately contain spaces
       return "";
-    case Kind::kLogLevel:
-      *out = lower(t);
-      return check_range(k, *out);
+    case Kind::kLogLevel: *out = lower(t); return check_range(k, *out);
   }
   return "internal: unhandled kind";
 }
@@ -188,7 +188,9 @@ std::string toml_type_name(const toml::node& n) {
     case toml::node_type::integer: return "an integer";
     case toml::node_type::floating_point: return "a floating-point number";
     case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: case toml::node_type::time: case toml::node_type::date_time: return "a date/time";
+    case toml::node_type::date:
+    case toml::node_type::time:
+    case toml::node_type::date_time: return "a date/time";
     case toml::node_type::array: return "an array";
     case toml::node_type::table: return "a table";
     default: return "nothing";
@@ -211,7 +213,8 @@ std::string value_from_toml(Kind k, const toml::node& n, Value* out) {
         const int64_t i = n.as_integer()->get();
         if (i < 0)
           return (k == Kind::kThreads ? "must be from 1 to 1024, got "
-                                      : k == Kind::kCount ? "must be >= 0, got " : "negative size ") +
+                  : k == Kind::kCount ? "must be >= 0, got "
+                                      : "negative size ") +
                  std::to_string(i);
         *out = static_cast<uint64_t>(i);
         return check_range(k, *out);
@@ -293,9 +296,10 @@ Status apply_table(Config& c, const toml::table& root, const std::string& source
     }
     if (known_keys(sec).empty())
       return bad(source, sec_key.source(), sec,
-                 std::string(tbl ? "unknown section" : "unknown top-level key") + " (known sections: " +
-                     known_sections() + ")");
-    if (!tbl) return bad(source, sec_key.source(), sec, "expected a table [" + sec + "], got " + toml_type_name(sec_node));
+                 std::string(tbl ? "unknown section" : "unknown top-level key") +
+                     " (known sections: " + known_sections() + ")");
+    if (!tbl)
+      return bad(source, sec_key.source(), sec, "expected a table [" + sec + "], got " + toml_type_name(sec_node));
     for (auto&& [k, n] : *tbl) {
       const std::string name(k.str());
       const KeyDef* def = nullptr;
@@ -362,18 +366,29 @@ Result<uint64_t> parse_byte_size(const std::string& text) {
       ++i;
     }
   }
-  if (!had_whole && !had_frac) return fail("expected a number, optionally followed by a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  if (!had_whole && !had_frac)
+    return fail("expected a number, optionally followed by a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
   const std::string unit = lower(trim(t.substr(i)));
-  static const std::pair<const char*, uint64_t> kUnits[] = {
-      {"", 1},           {"b", 1},
-      {"k", 1ull << 10}, {"kib", 1ull << 10}, {"kb", 1000ull},
-      {"m", 1ull << 20}, {"mib", 1ull << 20}, {"mb", 1000000ull},
-      {"g", 1ull << 30}, {"gib", 1ull << 30}, {"gb", 1000000000ull},
-      {"t", 1ull << 40}, {"tib", 1ull << 40}, {"tb", 1000000000000ull}};
+  static const std::pair<const char*, uint64_t> kUnits[] = {{"", 1},
+                                                            {"b", 1},
+                                                            {"k", 1ull << 10},
+                                                            {"kib", 1ull << 10},
+                                                            {"kb", 1000ull},
+                                                            {"m", 1ull << 20},
+                                                            {"mib", 1ull << 20},
+                                                            {"mb", 1000000ull},
+                                                            {"g", 1ull << 30},
+                                                            {"gib", 1ull << 30},
+                                                            {"gb", 1000000000ull},
+                                                            {"t", 1ull << 40},
+                                                            {"tib", 1ull << 40},
+                                                            {"tb", 1000000000000ull}};
   uint64_t mult = 0;
   for (const auto& [n, m] : kUnits)
     if (unit == n) mult = m;
-  if (!mult) return fail("unknown unit \"" + t.substr(i) + "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; K/M/G/T mean KiB/MiB/GiB/TiB)");
+  if (!mult)
+    return fail("unknown unit \"" + t.substr(i) +
+                "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; K/M/G/T mean KiB/MiB/GiB/TiB)");
   const unsigned __int128 frac_bytes = frac * mult;
   if (frac_bytes % frac_scale != 0) return fail("not a whole number of bytes");
   const unsigned __int128 total = whole * mult + frac_bytes / frac_scale;
@@ -410,8 +425,8 @@ Status apply_env(Config& config) {
     Value v;
     const std::string err = value_from_text(d.kind, raw, &v);
     if (!err.empty())
-      return Status(ErrorCode::kInvalidArgument, std::string("environment variable ") + d.env + "=\"" + raw +
-                                                     "\" (" + d.section + "." + d.name + "): " + err);
+      return Status(ErrorCode::kInvalidArgument, std::string("environment variable ") + d.env + "=\"" + raw + "\" (" +
+                                                     d.section + "." + d.name + "): " + err);
     d.set(c, v);
   }
   if (const char* raw = std::getenv(kHintsEnv)) {

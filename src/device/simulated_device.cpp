@@ -118,14 +118,14 @@ class SimulatedStaging final : public Staging {
   Status copy_to_host(void* host, const void* dev, size_t bytes) override {
     char* src = backing(dev, bytes);
     if (!src) return out_of_range(dev, bytes);
-    std::memset(host, kPoison, bytes);  // whoever reads it before the copy completes sees this
-    enqueue([=] { std::memcpy(host, src, bytes); });
+    if (bytes) std::memset(host, kPoison, bytes);  // whoever reads it before the copy completes sees this
+    if (bytes) enqueue([=] { std::memcpy(host, src, bytes); });
     return Status::Ok();
   }
   Status copy_to_device(void* dev, const void* host, size_t bytes) override {
     char* dst = backing(dev, bytes);
     if (!dst) return out_of_range(dev, bytes);
-    enqueue([=] { std::memcpy(dst, host, bytes); });
+    if (bytes) enqueue([=] { std::memcpy(dst, host, bytes); });
     return Status::Ok();
   }
   uint64_t record() override { return copies_->marker(); }
@@ -158,7 +158,7 @@ class SimulatedStaging final : public Staging {
     }
     SerialQueue* compute = compute_.get();
     enqueue([compute, until] { compute->wait(until); });  // the next copies wait for it
-    if (!stream) return synchronize();                   // device-wide synchronization blocks
+    if (!stream) return synchronize();                    // device-wide synchronization blocks
     return Status::Ok();
   }
 

@@ -18,12 +18,12 @@ namespace h5ckpt::engine {
 
 namespace {
 
-constexpr int kTag = 29;                         // the only point-to-point traffic of such a load
-constexpr uint64_t kDomainAlign = 1u << 20;      // domains start on MiB boundaries (blocks, stripes)
-constexpr uint64_t kReadThroughGap = 1u << 20;   // a smaller hole costs less to read than a 2nd pread
+constexpr int kTag = 29;                        // the only point-to-point traffic of such a load
+constexpr uint64_t kDomainAlign = 1u << 20;     // domains start on MiB boundaries (blocks, stripes)
+constexpr uint64_t kReadThroughGap = 1u << 20;  // a smaller hole costs less to read than a 2nd pread
 constexpr uint64_t kMinWindow = 4096;
-constexpr uint64_t kMaxWindow = 1ull << 30;      // keeps every piece length below INT_MAX
-constexpr int kSlots = 2;                        // one window is read while the previous one is sent
+constexpr uint64_t kMaxWindow = 1ull << 30;  // keeps every piece length below INT_MAX
+constexpr int kSlots = 2;                    // one window is read while the previous one is sent
 constexpr int kPollMicros = 50;
 
 // Where domains and windows fall: the same arithmetic on every rank, so senders and receivers
@@ -113,9 +113,9 @@ Status post(bool send, char* base, const std::vector<std::pair<MPI_Aint, uint64_
 
 // What an aggregator does with one window of its domain.
 struct WindowPlan {
-  uint64_t begin = 0;                                          // file offset of buffer byte 0
-  std::vector<std::pair<uint64_t, uint64_t>> spans;            // preads: file offset, length
-  std::map<int, std::vector<std::pair<MPI_Aint, uint64_t>>> sends;  // rank -> buffer blocks
+  uint64_t begin = 0;                                                  // file offset of buffer byte 0
+  std::vector<std::pair<uint64_t, uint64_t>> spans;                    // preads: file offset, length
+  std::map<int, std::vector<std::pair<MPI_Aint, uint64_t>>> sends;     // rank -> buffer blocks
   std::vector<std::pair<uint64_t, std::pair<char*, uint64_t>>> local;  // buffer offset -> my dst
 };
 
@@ -203,7 +203,8 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
       WindowPlan& w = by_window[k];
       w.begin = g.window_begin(me, k);
       extents[k].push_back({off, off + len});
-      if (static_cast<int>(r) != me) w.sends[static_cast<int>(r)].push_back({static_cast<MPI_Aint>(off - w.begin), len});
+      if (static_cast<int>(r) != me)
+        w.sends[static_cast<int>(r)].push_back({static_cast<MPI_Aint>(off - w.begin), len});
     }
   for (const Cut& c : mine)
     if (c.agg == me) by_window[c.window].local.push_back({c.offset - by_window[c.window].begin, {c.dst, c.length}});
@@ -226,9 +227,8 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
 
 }  // namespace
 
-Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file,
-                                             std::vector<ReadPiece> pieces, uint64_t window_bytes,
-                                             StagingPool& pool) {
+Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
+                                             uint64_t window_bytes, StagingPool& pool) {
   AggregatedReadReport report;
   int me = 0, n = 1;
   MPI_Comm_rank(comm, &me);
@@ -273,13 +273,14 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
     rdispl[r] = rdispl[r - 1] + recv_counts[r - 1];
   }
   std::vector<uint64_t> recvbuf(static_cast<size_t>(rdispl[n - 1]) + recv_counts[n - 1]);
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(),
-                                                         MPI_UINT64_T, recvbuf.data(), recv_counts.data(),
-                                                         rdispl.data(), MPI_UINT64_T, comm, &req),
-                                          "MPI_Ialltoallv"));
+  H5CKPT_RETURN_IF_ERROR(
+      comm::mpi_status(MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(), MPI_UINT64_T, recvbuf.data(),
+                                      recv_counts.data(), rdispl.data(), MPI_UINT64_T, comm, &req),
+                       "MPI_Ialltoallv"));
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (requests)", comm));
   std::vector<std::vector<uint64_t>> asked(n);
-  for (int r = 0; r < n; ++r) asked[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
+  for (int r = 0; r < n; ++r)
+    asked[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
   const std::vector<WindowPlan> plans = plan_windows(g, me, asked, cuts);
 
   // Every receive goes up first, straight into the destinations, in (aggregator, window) order:
@@ -313,8 +314,8 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
   if (!plans.empty() && file) {
     pool.reserve(kSlots * g.window);
     if (pool.capacity() < kSlots * g.window)
-      local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(kSlots * g.window) +
-                                         " bytes of read windows");
+      local =
+          Status(ErrorCode::kIo, "could not allocate " + std::to_string(kSlots * g.window) + " bytes of read windows");
   }
   std::vector<MPI_Request> sends[kSlots];
   if (file && local.ok()) {

@@ -35,8 +35,7 @@ struct AggregatedReadReport {
 /// one buffer; two window buffers come from `pool` (which must be idle). Collective over
 /// `comm`, which must carry no other point-to-point traffic meanwhile. A failed read still sends
 /// (then meaningless) bytes so no rank waits forever: the caller's agreement must follow.
-Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file,
-                                             std::vector<ReadPiece> pieces, uint64_t window_bytes,
-                                             StagingPool& pool);
+Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
+                                             uint64_t window_bytes, StagingPool& pool);
 
 }  // namespace h5ckpt::engine

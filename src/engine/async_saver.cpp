@@ -230,8 +230,10 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     source->wait_drained();
   }
   if (blocked)
-    metrics::log().warn("staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
-                        "waiting for the writer", pool_.capacity(), blocked);
+    metrics::log().warn(
+        "staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
+        "waiting for the writer",
+        pool_.capacity(), blocked);
   metrics::log().info("save_async '{}': snapshot {:.3f}s after {:.3f}s of planning", path, now_s() - t_snap,
                       t_snap - job->t0);
   return detail::SaveHandleAccess::make(st);

@@ -72,8 +72,8 @@ std::vector<planner::LoadWant> describe_wants(const StateDict& state) {
   std::vector<planner::LoadWant> wants;
   wants.reserve(state.size());
   for (const auto& it : state.items())
-    wants.push_back({{it.key, it.dtype, it.global_shape, it.shard}, device::is_device_item(it),
-                     it.allow_shape_mismatch, false});
+    wants.push_back(
+        {{it.key, it.dtype, it.global_shape, it.shard}, device::is_device_item(it), it.allow_shape_mismatch, false});
   return wants;
 }
 
@@ -115,11 +115,11 @@ Status check_item(const CheckpointInfo& info, const StateItem& item, const LoadO
                   t->shape[0] > 0 && item.global_shape[0] > 0;
     for (size_t d = 1; padded && d < t->shape.size(); ++d) padded = t->shape[d] == item.global_shape[d];
     if (!padded)
-      return Status(ErrorCode::kShapeMismatch,
-                    "checkpoint has global shape " + to_string_shape(t->shape) + ", the state wants " +
-                        to_string_shape(item.global_shape) +
-                        (item.allow_shape_mismatch ? " (allow_shape_mismatch lets only a non-empty dimension 0 differ)"
-                                                   : ""));
+      return Status(
+          ErrorCode::kShapeMismatch,
+          "checkpoint has global shape " + to_string_shape(t->shape) + ", the state wants " +
+              to_string_shape(item.global_shape) +
+              (item.allow_shape_mismatch ? " (allow_shape_mismatch lets only a non-empty dimension 0 differ)" : ""));
   }
   return Status::Ok();
 }
@@ -252,10 +252,9 @@ Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags
     down.resize(down.size() - 2);
     roles = wire::decode_roles(down);
   }
-  Status ok = !roles.ok() ? roles.status()
-              : roles->size() != run.wants.size()
-                  ? Status(ErrorCode::kInternal, "load plan does not match the state")
-                  : Status::Ok();
+  Status ok = !roles.ok()                         ? roles.status()
+              : roles->size() != run.wants.size() ? Status(ErrorCode::kInternal, "load plan does not match the state")
+                                                  : Status::Ok();
   H5CKPT_RETURN_IF_ERROR(comm::agree(ok, run.world()).with_context(run.where));  // no rank leaves alone
   return roles;
 }
@@ -324,8 +323,8 @@ Status verify_regions(LoadRun& run) {
 uint64_t item_bytes(const StateItem& it) { return static_cast<uint64_t>(it.shard.numel()) * dtype_size(it.dtype); }
 
 // Reads one kRead item's boxes into `dst` (laid out as the item's shard, in its dtype).
-Status read_boxes(const CheckpointInfo& info, storage::RegionReader& reader, const StateItem& item,
-                  const ReadItem& r, void* dst) {
+Status read_boxes(const CheckpointInfo& info, storage::RegionReader& reader, const StateItem& item, const ReadItem& r,
+                  void* dst) {
   const TensorInfo* t = info.find(item.key);
   if (r.zero_fill) std::memset(dst, 0, item_bytes(item));
   const planner::Frame frame = planner::frame_of(item.shard);
@@ -402,7 +401,8 @@ Status execute_per_item(LoadRun& run) {
   uint64_t staged_bytes = 0;
   for (size_t k = 0; k < plan.size(); ++k) {
     landing[k] = static_cast<char*>(item_of(plan[k]).data);
-    if (plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport)) staged_bytes += align_up(plan[k].bytes);
+    if (plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport))
+      staged_bytes += align_up(plan[k].bytes);
   }
   if (cache.any_device) {  // same on every rank: the staging outcome is agreed before any transfer
     if (staged_bytes) {

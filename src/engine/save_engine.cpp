@@ -114,11 +114,12 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
 
 // The coordinator makes a fresh temporary directory next to the target. Local to the coordinator.
 Result<std::string> make_temp_dir(const std::string& target, bool overwrite) {
-  const std::string nonce = std::to_string(::getpid()) + "-" +
-                            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  const std::string nonce =
+      std::to_string(::getpid()) + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   std::error_code ec;
   if (!overwrite && fs::exists(target, ec))
-    return Status(ErrorCode::kAlreadyExists, "checkpoint '" + target + "' already exists (pass overwrite to replace it)");
+    return Status(ErrorCode::kAlreadyExists,
+                  "checkpoint '" + target + "' already exists (pass overwrite to replace it)");
   std::string temp = storage::temp_dir_for(target, nonce);
   H5CKPT_RETURN_IF_ERROR(storage::make_dir(temp));
   return temp;
@@ -186,8 +187,8 @@ namespace {
 // the pool first, the copy of the next device piece running while the writer writes this one.
 class CallerBufferSource : public WriteSource {
  public:
-  CallerBufferSource(std::vector<planner::WriteItem> writes, const StateDict& state, char* halves,
-                     uint64_t half_bytes, Status status)
+  CallerBufferSource(std::vector<planner::WriteItem> writes, const StateDict& state, char* halves, uint64_t half_bytes,
+                     Status status)
       : writes_(std::move(writes)), state_(state), half_{halves, halves + half_bytes}, status_(std::move(status)) {}
 
   std::optional<SourcedWrite> next() override {
@@ -381,8 +382,8 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
   Status st = gathered.status();
   if (comms.world.rank() == comms.coordinator) {
     if (st.ok()) {
-      storage::SavedCheckpoint saved{&tensors, job.offsets, {}, job.options.step, comms.sizes, comms.all_coords,
-                                     job.attributes};
+      storage::SavedCheckpoint saved{&tensors,         job.offsets,   {}, job.options.step, comms.sizes,
+                                     comms.all_coords, job.attributes};
       saved.checksums.resize(tensors.size());
       for (size_t t = 0; t < tensors.size(); ++t) saved.checksums[t].assign(tensors[t].regions.size(), 0);
       for (size_t r = 0; r < gathered->size() && st.ok(); ++r) {
@@ -411,9 +412,10 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
   report.commit_s = t_end - t0;
   report.total_s = t_end - job.t0;
   record_metrics(comms, copts, report);
-  metrics::log().info("saved '{}': {} bytes written here ({} with O_DIRECT), plan {:.3f}s{} write {:.3f}s commit {:.3f}s",
-                      report.path, report.bytes_written, report.bytes_direct, report.plan_s,
-                      report.plan_cached ? " (cached)" : "", report.write_s, report.commit_s);
+  metrics::log().info(
+      "saved '{}': {} bytes written here ({} with O_DIRECT), plan {:.3f}s{} write {:.3f}s commit {:.3f}s", report.path,
+      report.bytes_written, report.bytes_direct, report.plan_s, report.plan_cached ? " (cached)" : "", report.write_s,
+      report.commit_s);
   return report;
 }
 
@@ -438,8 +440,8 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
 
 void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r) {
   if (!copts.metrics) return;
-  const Status st = metrics::write_metrics(comms, "save", r.path, metrics::metrics_path(r.path, "save", copts.metrics_dir),
-                                           metrics::from_report(r));
+  const Status st = metrics::write_metrics(
+      comms, "save", r.path, metrics::metrics_path(r.path, "save", copts.metrics_dir), metrics::from_report(r));
   if (!st.ok()) metrics::log().warn("could not write save metrics: {}", st.to_string());
 }
 

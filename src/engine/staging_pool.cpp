@@ -38,7 +38,7 @@ bool StagingPool::fits(size_t n, size_t* offset) const {
     return n <= capacity_;
   }
   const size_t tail = blocks_.front().offset;
-  if (head_ > tail) {  // used [tail, head_): free space after head_ and before tail
+  if (head_ > tail) {              // used [tail, head_): free space after head_ and before tail
     if (capacity_ - head_ >= n) {  // room after head
       *offset = head_;
       return true;

@@ -47,8 +47,7 @@ LoaderConfig default_loader_config(uint64_t seed, int32_t workers_per_rank, int6
 int64_t sample_length(const LoaderConfig& config, SampleId id) {
   const auto& s = config.sources.at(static_cast<size_t>(id.source));
   uint64_t span = static_cast<uint64_t>(s.max_len - s.min_len + 1);
-  uint64_t h = hash4(config.seed, 0x1E46u, static_cast<uint64_t>(id.source),
-                     static_cast<uint64_t>(id.record));
+  uint64_t h = hash4(config.seed, 0x1E46u, static_cast<uint64_t>(id.source), static_cast<uint64_t>(id.record));
   return s.min_len + static_cast<int64_t>(h % span);
 }
 
@@ -115,10 +114,11 @@ Status verify_exactly_once(const ReplicatedState& rep, const std::vector<ShardSt
     std::sort(iv.begin(), iv.end());
     int64_t at = 0;
     for (const auto& [b, e] : iv) {
-      if (b < at) return corrupt("tokens [" + std::to_string(b) + ", " + std::to_string(std::min(e, at)) +
-                                 ") of " + id_str(id) + " consumed twice");
-      if (b > at) return corrupt("tokens [" + std::to_string(at) + ", " + std::to_string(b) + ") of " +
-                                 id_str(id) + " skipped");
+      if (b < at)
+        return corrupt("tokens [" + std::to_string(b) + ", " + std::to_string(std::min(e, at)) + ") of " + id_str(id) +
+                       " consumed twice");
+      if (b > at)
+        return corrupt("tokens [" + std::to_string(at) + ", " + std::to_string(b) + ") of " + id_str(id) + " skipped");
       at = e;
     }
     int64_t len = sample_length(rep.config, id);
@@ -132,13 +132,12 @@ Status verify_exactly_once(const ReplicatedState& rep, const std::vector<ShardSt
   for (const auto* s : by_id) {
     for (const auto& b : s->buffer) {
       if (!buffered.emplace(b.id, b.offset).second) return corrupt(id_str(b.id) + " buffered twice");
-      if (b.length != sample_length(rep.config, b.id))
-        return corrupt(id_str(b.id) + " buffered with a wrong length");
+      if (b.length != sample_length(rep.config, b.id)) return corrupt(id_str(b.id) + " buffered with a wrong length");
       auto it = prefix.find(b.id);
       int64_t c = it == prefix.end() ? 0 : it->second;
       if (c != b.offset)
-        return corrupt(id_str(b.id) + ": buffer resumes at token " + std::to_string(b.offset) +
-                       " but " + std::to_string(c) + " were consumed");
+        return corrupt(id_str(b.id) + ": buffer resumes at token " + std::to_string(b.offset) + " but " +
+                       std::to_string(c) + " were consumed");
     }
     for (const auto& p : s->pending) {
       if (!pending.insert(p).second) return corrupt(id_str(p) + " pending twice");
@@ -181,8 +180,7 @@ Status verify_exactly_once(const ReplicatedState& rep, const std::vector<ShardSt
       int64_t len = sample_length(rep.config, id);
       if (it == prefix.end()) return corrupt(id_str(id) + " lost: never consumed and not pending");
       if (it->second != len)
-        return corrupt(id_str(id) + " lost tokens [" + std::to_string(it->second) + ", " +
-                       std::to_string(len) + ")");
+        return corrupt(id_str(id) + " lost tokens [" + std::to_string(it->second) + ", " + std::to_string(len) + ")");
       ++sum.samples_complete;
     }
   }

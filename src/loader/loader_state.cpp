@@ -37,13 +37,11 @@ Status LoaderConfig::validate() const {
 
 bool ReplicatedState::operator==(const ReplicatedState& o) const {
   if (config.seed != o.config.seed || config.context_len != o.config.context_len ||
-      config.workers_per_rank != o.config.workers_per_rank ||
-      config.sources.size() != o.config.sources.size())
+      config.workers_per_rank != o.config.workers_per_rank || config.sources.size() != o.config.sources.size())
     return false;
   for (size_t k = 0; k < config.sources.size(); ++k) {
     const auto &a = config.sources[k], &b = o.config.sources[k];
-    if (a.name != b.name || a.ratio != b.ratio || a.min_len != b.min_len || a.max_len != b.max_len)
-      return false;
+    if (a.name != b.name || a.ratio != b.ratio || a.min_len != b.min_len || a.max_len != b.max_len) return false;
   }
   return num_shards == o.num_shards && base == o.base && generation == o.generation;
 }
@@ -73,12 +71,12 @@ namespace detail {
 Status check_shards(const ReplicatedState& rep, const std::vector<ShardState>& shards,
                     std::vector<const ShardState*>& by_id) {
   const size_t K = rep.config.sources.size();
-  if (rep.base.size() != K) return corrupt("replicated part has " + std::to_string(rep.base.size()) +
-                                           " bases for " + std::to_string(K) + " sources");
+  if (rep.base.size() != K)
+    return corrupt("replicated part has " + std::to_string(rep.base.size()) + " bases for " + std::to_string(K) +
+                   " sources");
   if (rep.num_shards < 1) return corrupt("num_shards < 1");
   if (static_cast<int64_t>(shards.size()) != rep.num_shards)
-    return corrupt("expected " + std::to_string(rep.num_shards) + " shards, got " +
-                   std::to_string(shards.size()));
+    return corrupt("expected " + std::to_string(rep.num_shards) + " shards, got " + std::to_string(shards.size()));
   by_id.assign(static_cast<size_t>(rep.num_shards), nullptr);
   for (const auto& s : shards) {
     if (s.shard < 0 || s.shard >= rep.num_shards)
@@ -89,13 +87,11 @@ Status check_shards(const ReplicatedState& rep, const std::vector<ShardState>& s
     for (size_t k = 0; k < K; ++k) {
       int64_t d = s.next[k] - rep.base[k];
       if (d < 0 || d % rep.num_shards != s.shard)
-        return corrupt("shard " + std::to_string(s.shard) + ": next record " +
-                       std::to_string(s.next[k]) + " of source " + std::to_string(k) +
-                       " is not on its walk");
+        return corrupt("shard " + std::to_string(s.shard) + ": next record " + std::to_string(s.next[k]) +
+                       " of source " + std::to_string(k) + " is not on its walk");
     }
     for (const auto& b : s.buffer)
-      if (b.id.source < 0 || static_cast<size_t>(b.id.source) >= K || b.offset < 0 ||
-          b.offset >= b.length)
+      if (b.id.source < 0 || static_cast<size_t>(b.id.source) >= K || b.offset < 0 || b.offset >= b.length)
         return corrupt("shard " + std::to_string(s.shard) + ": bad buffered " + id_str(b.id));
     for (const auto& p : s.pending)
       if (p.source < 0 || static_cast<size_t>(p.source) >= K)
@@ -108,8 +104,7 @@ Status check_shards(const ReplicatedState& rep, const std::vector<ShardState>& s
 
 Result<Resharded> reshard(const ReplicatedState& rep, const std::vector<ShardState>& old_shards,
                           int64_t new_num_shards) {
-  if (new_num_shards < 1)
-    return Status(ErrorCode::kInvalidArgument, "reshard: new shard count must be >= 1");
+  if (new_num_shards < 1) return Status(ErrorCode::kInvalidArgument, "reshard: new shard count must be >= 1");
   std::vector<const ShardState*> by_id;
   H5CKPT_RETURN_IF_ERROR(detail::check_shards(rep, old_shards, by_id));
 
@@ -132,8 +127,7 @@ Result<Resharded> reshard(const ReplicatedState& rep, const std::vector<ShardSta
     pending.insert(pending.end(), s->pending.begin(), s->pending.end());
     partial.insert(partial.end(), s->buffer.begin(), s->buffer.end());
     for (size_t k = 0; k < K; ++k)
-      for (int64_t r = s->next[k]; r < new_base[k]; r += S)
-        pending.push_back({static_cast<int32_t>(k), r});
+      for (int64_t r = s->next[k]; r < new_base[k]; r += S) pending.push_back({static_cast<int32_t>(k), r});
   }
   // Sorted so the deal does not depend on the order the shards were given in.
   std::sort(pending.begin(), pending.end());

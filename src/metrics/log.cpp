@@ -1,10 +1,10 @@
 #include "metrics/log.h"
 
 #include <mpi.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cstdlib>
 #include <mutex>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <string>
 
 namespace h5ckpt::metrics {
@@ -23,7 +23,8 @@ spdlog::logger& log() {
     const auto parsed = lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn;
     const bool typo = lvl && parsed == spdlog::level::off && std::string(lvl) != "off";
     logger->set_level(typo ? spdlog::level::warn : parsed);
-    if (typo) logger->warn("H5CKPT_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical, off)", lvl);
+    if (typo)
+      logger->warn("H5CKPT_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical, off)", lvl);
   });
   return *logger;
 }

@@ -102,9 +102,7 @@ int64_t Frame::index_of(const Shape& coords) const {
   return idx - flat_begin;
 }
 
-Frame frame_of(const ShardSpec& shard) {
-  return Frame{shard.box, shard.flat ? shard.flat->first : 0};
-}
+Frame frame_of(const ShardSpec& shard) { return Frame{shard.box, shard.flat ? shard.flat->first : 0}; }
 
 void for_each_run(const Box& region, const Frame& src, const Frame& dst,
                   const std::function<void(int64_t, int64_t, int64_t)>& fn) {

@@ -42,7 +42,7 @@ struct LoadGroup {
 };
 
 struct LoadPlan {
-  std::vector<LoadGroup> groups;            ///< in a fixed order every rank uses for messaging
+  std::vector<LoadGroup> groups;             ///< in a fixed order every rank uses for messaging
   std::vector<uint64_t> read_bytes_by_rank;  ///< storage bytes each rank reads
 };
 
@@ -77,14 +77,14 @@ struct StoredTensor {
 struct ReadItem {
   int item = -1;  ///< index into the rank's items: the destination buffer
   Role role = Role::kSkip;
-  int group = 0;                ///< identical-bytes group; orders and tags the messages
-  int reader = -1;              ///< kReceive: the rank that reads the bytes and sends them here
-  std::vector<int> receivers;   ///< kRead: ranks the bytes are sent to once read
-  bool on_device = false;       ///< destination in device memory
-  uint64_t bytes = 0;           ///< destination bytes
-  StoredTensor stored;          ///< kRead: the dataset read from
-  std::vector<Box> boxes;       ///< kRead: parts of the dataset read (global coordinates)
-  bool zero_fill = false;       ///< kRead: stored shape differs; the buffer is zeroed before the reads
+  int group = 0;               ///< identical-bytes group; orders and tags the messages
+  int reader = -1;             ///< kReceive: the rank that reads the bytes and sends them here
+  std::vector<int> receivers;  ///< kRead: ranks the bytes are sent to once read
+  bool on_device = false;      ///< destination in device memory
+  uint64_t bytes = 0;          ///< destination bytes
+  StoredTensor stored;         ///< kRead: the dataset read from
+  std::vector<Box> boxes;      ///< kRead: parts of the dataset read (global coordinates)
+  bool zero_fill = false;      ///< kRead: stored shape differs; the buffer is zeroed before the reads
 };
 
 /// A rank's load plan.

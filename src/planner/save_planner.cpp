@@ -18,14 +18,12 @@ namespace h5ckpt::planner {
 constexpr size_t kMaxKeyLength = 1024;
 
 Status validate_key(const std::string& key) {
-  auto bad = [&](const std::string& why) {
-    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + why);
-  };
+  auto bad = [&](const std::string& why) { return Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + why); };
   if (key.empty()) return bad("empty key");
   if (key.size() > kMaxKeyLength) return bad("longer than " + std::to_string(kMaxKeyLength) + " characters");
   for (char c : key) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '.' || c == '-' || c == '/';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '.' || c == '-' || c == '/';
     if (!ok) return bad(std::string("character '") + c + "' not allowed (letters, digits, _ . - /)");
   }
   if (key.front() == '/' || key.back() == '/' || key.find("//") != std::string::npos)
@@ -89,16 +87,16 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape,
   if (*overlap) {  // pieces of one region never overlap: these are two regions
     const auto& a = regions[region_of[(*overlap)->first]];
     const auto& b = regions[region_of[(*overlap)->second]];
-    return Status(ErrorCode::kInvalidArgument,
-                  "key '" + key + "': shard " + to_string_spec(a.shard) + " on rank " +
-                      std::to_string(a.holders[0].rank) + " overlaps shard " + to_string_spec(b.shard) +
-                      " on rank " + std::to_string(b.holders[0].rank) +
-                      " without being identical (replicas must hold identical regions)");
+    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(a.shard) + " on rank " +
+                                                   std::to_string(a.holders[0].rank) + " overlaps shard " +
+                                                   to_string_spec(b.shard) + " on rank " +
+                                                   std::to_string(b.holders[0].rank) +
+                                                   " without being identical (replicas must hold identical regions)");
   }
   if (covered != total)
-    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': the ranks' shards cover " +
-                                                   std::to_string(covered) + " of " + std::to_string(total) +
-                                                   " elements of global shape " + to_string_shape(shape));
+    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': the ranks' shards cover " + std::to_string(covered) +
+                                                   " of " + std::to_string(total) + " elements of global shape " +
+                                                   to_string_shape(shape));
   return Status::Ok();
 }
 
@@ -127,19 +125,22 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
       auto [pos, inserted] = tensors.try_emplace(it.key, TensorAcc{it.dtype, it.global_shape, (int)r, {}, {}});
       TensorAcc& acc = pos->second;
       if (!inserted && acc.dtype != it.dtype)
-        return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.dtype) +
-                                                     " on rank " + std::to_string(acc.first_rank) + " but " +
-                                                     dtype_name(it.dtype) + " on rank " + std::to_string(r));
+        return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.dtype) + " on rank " +
+                                                     std::to_string(acc.first_rank) + " but " + dtype_name(it.dtype) +
+                                                     " on rank " + std::to_string(r));
       if (!inserted && acc.shape != it.global_shape)
-        return Status(ErrorCode::kShapeMismatch,
-                      "key '" + it.key + "': global shape " + to_string_shape(acc.shape) + " on rank " +
-                          std::to_string(acc.first_rank) + " but " + to_string_shape(it.global_shape) +
-                          " on rank " + std::to_string(r));
+        return Status(ErrorCode::kShapeMismatch, "key '" + it.key + "': global shape " + to_string_shape(acc.shape) +
+                                                     " on rank " + std::to_string(acc.first_rank) + " but " +
+                                                     to_string_shape(it.global_shape) + " on rank " +
+                                                     std::to_string(r));
       if (it.shard.numel() == 0) continue;  // holds nothing of this tensor
       const std::string sig = region_signature(it.shard);
       auto [rp, fresh] = acc.by_sig.try_emplace(sig, acc.regions.size());
       if (fresh) {
-        acc.regions.push_back(UniqueRegion{it.shard, it.shard.numel() * (int64_t)dtype_size(it.dtype), {}});
+        int64_t bytes = 0;
+        if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
+          return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where);
+        acc.regions.push_back(UniqueRegion{it.shard, bytes, {}});
       }
       acc.regions[rp->second].holders.push_back(Holder{(int)r, (int)i});
     }
@@ -175,7 +176,11 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   // Worst-fit balancing: largest regions first, each to its least-loaded holder.
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.bytes > b.bytes; });
   std::vector<const TensorAcc*> accs;
-  for (auto& [key, acc] : tensors) accs.push_back(&acc);
+  std::vector<std::vector<int>> writer_item;  // [tensor][region]: the writer's item index
+  for (auto& [key, acc] : tensors) {
+    accs.push_back(&acc);
+    writer_item.emplace_back(acc.regions.size(), -1);
+  }
   for (const Job& j : jobs) {
     const UniqueRegion& ur = accs[j.tensor]->regions[j.region];
     const Holder* best = &ur.holders[0];
@@ -183,9 +188,17 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
       if (plan.bytes_by_rank[h.rank] < plan.bytes_by_rank[best->rank]) best = &h;
     plan.tensors[j.tensor].regions[j.region].writer = best->rank;
     plan.bytes_by_rank[best->rank] += j.bytes;
+    writer_item[j.tensor][j.region] = best->item;
   }
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    H5CKPT_ASSIGN_OR_RETURN(plan.by_rank[r], plan_writes(static_cast<int>(r), plan.tensors, ranks[r], UINT64_MAX));
+  // What plan_writes gives each rank with unlimited pieces, made in one pass over the regions
+  // (plan_writes per rank would scan every region once per rank).
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const uint64_t es = dtype_size(plan.tensors[t].dtype);
+    for (size_t r = 0; r < plan.tensors[t].regions.size(); ++r) {
+      const PlannedRegion& reg = plan.tensors[t].regions[r];
+      plan.by_rank[reg.writer].push_back(WriteItem{static_cast<int>(t), static_cast<int>(r), writer_item[t][r],
+                                                   reg.shard, 0, static_cast<uint64_t>(reg.shard.numel()) * es, true});
+    }
   }
   return plan;
 }

@@ -42,7 +42,7 @@ struct WriteItem {
   ShardSpec box;            ///< the elements written (in the dataset's global coordinates)
   uint64_t src_offset = 0;  ///< byte offset of the first element in the source buffer
   uint64_t bytes = 0;
-  bool region_end = true;   ///< the last write of its region (the region's checksum is complete)
+  bool region_end = true;  ///< the last write of its region (the region's checksum is complete)
 };
 
 struct SavePlan {

@@ -4,8 +4,8 @@
 #include <mutex>
 
 #include "storage/commit.h"
-#include "storage/hdf5_util.h"
 #include "storage/h5_writer.h"
+#include "storage/hdf5_util.h"
 #include "storage/metadata.h"
 
 namespace h5ckpt::storage {
@@ -30,8 +30,8 @@ CheckpointInfo assemble_info(const SavedCheckpoint& saved) {
     for (auto d : ti.shape) ti.nbytes *= static_cast<uint64_t>(d);
     ti.file_offset = saved.offsets[t];
     for (size_t r = 0; r < tensors[t].regions.size(); ++r)
-      ti.regions.push_back(SavedRegion{tensors[t].regions[r].shard, tensors[t].regions[r].writer,
-                                       saved.checksums[t][r]});
+      ti.regions.push_back(
+          SavedRegion{tensors[t].regions[r].shard, tensors[t].regions[r].writer, saved.checksums[t][r]});
     info.tensors.push_back(std::move(ti));
   }
   return info;

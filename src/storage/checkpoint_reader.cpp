@@ -1,9 +1,8 @@
 // CheckpointReader (h5ckpt/reader.h): the public face of RegionReader over a validated checkpoint.
-#include "h5ckpt/reader.h"
-
 #include <cstring>
 #include <utility>
 
+#include "h5ckpt/reader.h"
 #include "storage/region_reader.h"
 #include "util/dtype_convert.h"
 

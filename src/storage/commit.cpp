@@ -1,10 +1,9 @@
 #include "storage/commit.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <sys/file.h>
 
 #include <algorithm>
 #include <atomic>
@@ -222,8 +221,8 @@ Status update_latest(const std::string& dir) {
   static std::atomic<uint64_t> seq{0};
   const std::string latest = (fs::path(parent_of(dir)) / kLatestFileName).string();
   // A name of its own per writer: two jobs (or nodes with equal pids) never write one temp file.
-  const std::string tmp = latest + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." +
-                          std::to_string(seq.fetch_add(1));
+  const std::string tmp =
+      latest + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." + std::to_string(seq.fetch_add(1));
   return write_file_atomic(latest, base_of(dir) + "\n", tmp);
 }
 
@@ -290,12 +289,13 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
 Status validate_checkpoint_dir(const std::string& dir) {
   const std::string meta = (fs::path(dir) / kMetadataFileName).string();
   const std::string data = (fs::path(dir) / kDataFileName).string();
-  struct stat ms {}, ds {};
+  struct stat ms {
+  }, ds{};
   const bool has_meta = ::lstat(meta.c_str(), &ms) == 0;
   const bool has_data = ::stat(data.c_str(), &ds) == 0;
   if (!has_meta)
-    return has_data ? Status(ErrorCode::kNotCommitted, "'" + dir + "' has data but no " + kMetadataFileName +
-                                                           ": it was never committed")
+    return has_data ? Status(ErrorCode::kNotCommitted,
+                             "'" + dir + "' has data but no " + kMetadataFileName + ": it was never committed")
                     : Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
   if (!has_data) return Status(ErrorCode::kCorrupt, "'" + dir + "' has no " + kDataFileName);
   if (!S_ISREG(ds.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data + "' is not a regular file");
@@ -361,8 +361,8 @@ Result<std::string> select_in_directory(const std::string& root) {
     return dir;
   }
   if (no_latest && rejected.empty())
-    return Status(ErrorCode::kNotFound, "'" + root + "' holds no checkpoint (no " + kMetadataFileName + " or " +
-                                            kLatestFileName + ")");
+    return Status(ErrorCode::kNotFound,
+                  "'" + root + "' holds no checkpoint (no " + kMetadataFileName + " or " + kLatestFileName + ")");
   return Status(code, "'" + root + "': " + problem + ", and no other checkpoint there validates" +
                           (rejected.empty() ? "" : " (" + rejected + ")"));
 }
@@ -381,8 +381,8 @@ Result<std::string> resolve_checkpoint_dir(const std::string& path) {
   if (is_temp_name(path))
     return Status(ErrorCode::kNotCommitted, "'" + path + "' is an in-progress save that was never committed");
   if (!has_meta)
-    return Status(ErrorCode::kNotCommitted, "checkpoint '" + path + "' has data but no " + kMetadataFileName +
-                                                ": it was never committed");
+    return Status(ErrorCode::kNotCommitted,
+                  "checkpoint '" + path + "' has data but no " + kMetadataFileName + ": it was never committed");
   return path;
 }
 

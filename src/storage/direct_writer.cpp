@@ -18,7 +18,7 @@ namespace h5ckpt::storage {
 
 namespace {
 
-constexpr uint64_t kBlock = 4096;             // O_DIRECT alignment of offsets, lengths and memory
+constexpr uint64_t kBlock = 4096;              // O_DIRECT alignment of offsets, lengths and memory
 constexpr uint64_t kMinDirectRun = 256 << 10;  // shorter runs go through the page cache
 constexpr uint64_t kBounceBytes = 8u << 20;
 

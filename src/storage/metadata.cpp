@@ -169,11 +169,11 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
   CheckpointInfo info;
   std::string format;
   if (!get_str(j, "format", &format) || format != kFormatName) return corrupt("format is not 'h5ckpt'");
-  if (auto v = j.find("format_version"); v != j.end() && v->is_number_unsigned() &&
-                                          v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersion))
+  if (auto v = j.find("format_version");
+      v != j.end() && v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersion))
     return Status(ErrorCode::kUnsupported, "checkpoint format version " + std::to_string(v->get<uint64_t>()) +
-                                               " is newer than this library's (" +
-                                               std::to_string(kFormatVersion) + ")");
+                                               " is newer than this library's (" + std::to_string(kFormatVersion) +
+                                               ")");
   if (!get_int(j, "format_version", &info.format_version)) return corrupt("missing or out-of-range format_version");
   get_str(j, "library_version", &info.library_version);
   if (auto st = j.find("step"); st != j.end() && st->is_number() && !as_int(*st, &info.step))
@@ -232,10 +232,9 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
       return bad("nbytes " + std::to_string(t.nbytes) + " does not match shape and dtype");
     if (t.nbytes > 0) {
       int64_t end = 0;
-      if (t.file_offset < 0 || !checked_add(t.file_offset, nbytes, &end) ||
-          static_cast<uint64_t>(end) > data_file_size)
-        return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "': bytes [" + std::to_string(t.file_offset) +
-                                               ", " + std::to_string(end) + ") lie outside the data file of " +
+      if (t.file_offset < 0 || !checked_add(t.file_offset, nbytes, &end) || static_cast<uint64_t>(end) > data_file_size)
+        return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "': bytes [" + std::to_string(t.file_offset) + ", " +
+                                               std::to_string(end) + ") lie outside the data file of " +
                                                std::to_string(data_file_size) + " bytes (truncated file?)");
     }
     const auto regions = jt.find("regions");

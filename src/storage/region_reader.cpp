@@ -69,8 +69,8 @@ Status RegionReader::read(const TensorInfo& t, const Box& region, const planner:
   const uint64_t es = dtype_size(t.dtype), ds = dtype_size(dst_type);
   const bool convert = t.dtype != dst_type;
   if (convert && !(dtype_is_float(t.dtype) && dtype_is_float(dst_type)))
-    return Status(ErrorCode::kDtypeMismatch, std::string("cannot convert ") + dtype_name(t.dtype) + " to " +
-                                                 dtype_name(dst_type));
+    return Status(ErrorCode::kDtypeMismatch,
+                  std::string("cannot convert ") + dtype_name(t.dtype) + " to " + dtype_name(dst_type));
   if (t.file_offset < 0) return Status::Ok();  // empty tensor
   const planner::Frame src{Box{Shape(t.shape.size(), 0), t.shape}, 0};
   auto* out = static_cast<char*>(dst);

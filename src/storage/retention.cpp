@@ -17,9 +17,8 @@ namespace h5ckpt::storage {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> select_for_deletion(std::vector<RetentionEntry> entries, int64_t keep_last,
-                                             int64_t keep_every, const std::string& latest_name,
-                                             const std::vector<std::string>& protect) {
+std::vector<std::string> select_for_deletion(std::vector<RetentionEntry> entries, int64_t keep_last, int64_t keep_every,
+                                             const std::string& latest_name, const std::vector<std::string>& protect) {
   if (keep_last <= 0) return {};
   std::sort(entries.begin(), entries.end(), [](const RetentionEntry& a, const RetentionEntry& b) {
     return a.step != b.step ? a.step > b.step : a.name > b.name;

@@ -20,8 +20,8 @@ struct RetentionEntry {
 /// keep_last newest (by step, then name, as committed_checkpoints orders them), every entry whose
 /// step is a multiple of keep_every (> 0; steps < 0 never match), `latest_name`, and every name
 /// in `protect`. Pure: no file-system access.
-std::vector<std::string> select_for_deletion(std::vector<RetentionEntry> entries, int64_t keep_last,
-                                             int64_t keep_every, const std::string& latest_name,
+std::vector<std::string> select_for_deletion(std::vector<RetentionEntry> entries, int64_t keep_last, int64_t keep_every,
+                                             const std::string& latest_name,
                                              const std::vector<std::string>& protect = {});
 
 /// What apply_retention did (or, dry, would do).

@@ -81,7 +81,8 @@ std::vector<std::string> MpiSession::gather_to_root(const std::string& s) const 
   MPI_Gatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
   std::vector<std::string> out;
   if (rank_ == 0)
-    for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(lens[r])));
+    for (int r = 0; r < size_; ++r)
+      out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(lens[r])));
   return out;
 }
 

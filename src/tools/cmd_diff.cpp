@@ -28,7 +28,7 @@ struct TensorDiff {
   int64_t differing = 0;
   int64_t nan_mismatches = 0;  ///< one side NaN, the other not (not in max_abs_diff)
   double max_abs_diff = 0;
-  int64_t first_index = -1;  ///< flat index of the first differing element
+  int64_t first_index = -1;      ///< flat index of the first differing element
   bool values_compared = false;  ///< false when shapes (or non-float dtypes) differ
 };
 
@@ -36,7 +36,11 @@ struct TensorDiff {
 void to_double(const char* src, DType t, int64_t n, double* out) {
   switch (t) {
     case DType::kF64: std::memcpy(out, src, static_cast<size_t>(n) * 8); return;
-    case DType::kF32: case DType::kF16: case DType::kBF16: case DType::kF8E4M3: case DType::kF8E5M2:
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       (void)convert_elements(src, t, out, DType::kF64, static_cast<size_t>(n));  // float to f64: cannot fail
       return;
     default: break;
@@ -44,10 +48,30 @@ void to_double(const char* src, DType t, int64_t n, double* out) {
   for (int64_t i = 0; i < n; ++i) {
     const char* p = src + i * static_cast<int64_t>(dtype_size(t));
     switch (t) {
-      case DType::kI8: { int8_t v; std::memcpy(&v, p, 1); out[i] = v; break; }
-      case DType::kI16: { int16_t v; std::memcpy(&v, p, 2); out[i] = v; break; }
-      case DType::kI32: { int32_t v; std::memcpy(&v, p, 4); out[i] = v; break; }
-      case DType::kI64: { int64_t v; std::memcpy(&v, p, 8); out[i] = static_cast<double>(v); break; }
+      case DType::kI8: {
+        int8_t v;
+        std::memcpy(&v, p, 1);
+        out[i] = v;
+        break;
+      }
+      case DType::kI16: {
+        int16_t v;
+        std::memcpy(&v, p, 2);
+        out[i] = v;
+        break;
+      }
+      case DType::kI32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        out[i] = v;
+        break;
+      }
+      case DType::kI64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        out[i] = static_cast<double>(v);
+        break;
+      }
       default: out[i] = static_cast<uint8_t>(*p); break;  // u8, bool
     }
   }
@@ -144,15 +168,24 @@ int run_diff(const DiffArgs& args) {
   if (args.json) {
     json jd = json::array();
     for (const auto& d : diffs) {
-      json j{{"key", d.key}, {"values_compared", d.values_compared}, {"differing_elements", d.differing},
-             {"max_abs_diff", d.max_abs_diff}, {"nan_mismatches", d.nan_mismatches}};
+      json j{{"key", d.key},
+             {"values_compared", d.values_compared},
+             {"differing_elements", d.differing},
+             {"max_abs_diff", d.max_abs_diff},
+             {"nan_mismatches", d.nan_mismatches}};
       j["problem"] = d.problem.empty() ? json(nullptr) : json(d.problem);
       j["first_differing_index"] = d.first_index >= 0 ? json(d.first_index) : json(nullptr);
       jd.push_back(std::move(j));
     }
-    json out{{"equal", equal},         {"a", ia->path},         {"b", ib->path},
-             {"rtol", args.rtol},      {"atol", args.atol},     {"compared_tensors", compared},
-             {"compared_bytes", compared_bytes}, {"only_in_a", only_a}, {"only_in_b", only_b},
+    json out{{"equal", equal},
+             {"a", ia->path},
+             {"b", ib->path},
+             {"rtol", args.rtol},
+             {"atol", args.atol},
+             {"compared_tensors", compared},
+             {"compared_bytes", compared_bytes},
+             {"only_in_a", only_a},
+             {"only_in_b", only_b},
              {"differences", jd}};
     std::cout << out.dump(2) << "\n";
     return equal ? kExitOk : kExitFailed;
@@ -187,10 +220,11 @@ int run_diff(const DiffArgs& args) {
     }
     t.print(std::cout);
   }
-  std::cout << (equal ? "EQUAL" : "DIFFERENT") << ": " << compared << " common tensors ("
-            << human_bytes(compared_bytes) << ") compared "
-            << (args.rtol == 0 && args.atol == 0 ? std::string("bit-exact")
-                                                 : "with rtol=" + fmt_double(args.rtol) + " atol=" + fmt_double(args.atol))
+  std::cout << (equal ? "EQUAL" : "DIFFERENT") << ": " << compared << " common tensors (" << human_bytes(compared_bytes)
+            << ") compared "
+            << (args.rtol == 0 && args.atol == 0
+                    ? std::string("bit-exact")
+                    : "with rtol=" + fmt_double(args.rtol) + " atol=" + fmt_double(args.atol))
             << "\n";
   return equal ? kExitOk : kExitFailed;
 }
@@ -210,7 +244,8 @@ void register_diff(CLI::App& app, int* exit_code) {
   sub->add_option("--rtol", args->rtol, "relative tolerance (default 0)");
   sub->add_option("--atol", args->atol, "absolute tolerance (default 0)");
   sub->add_flag("--json", args->json, "machine-readable output");
-  sub->add_option("--chunk-bytes", args->chunk_bytes, "read tensors in chunks of at most this many bytes (default 64 MiB)")
+  sub->add_option("--chunk-bytes", args->chunk_bytes,
+                  "read tensors in chunks of at most this many bytes (default 64 MiB)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   sub->add_option("--max-list", args->max_list, "list at most this many keys per section (default 20)");
   sub->callback([args, exit_code] { *exit_code = run_on_rank0([&] { return run_diff(*args); }); });

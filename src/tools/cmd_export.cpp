@@ -88,7 +88,8 @@ int run_export(const ExportArgs& a) {
       std::cerr << "h5ckpt: export: key '" << t.key << "' gives the invalid tensor name '" << name << "'\n";
       return kExitError;
     }
-    header[name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    header[name] = {
+        {"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
     selected.push_back(&t);
   }

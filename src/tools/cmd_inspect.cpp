@@ -68,11 +68,10 @@ int inspect_checkpoint(const InspectArgs& a, const std::string& path) {
   }
   const auto& s = info->saved_sizes;
   std::cout << "checkpoint       " << info->path << "\n"
-            << "format version   " << info->format_version << " (written by h5ckpt " << info->library_version
-            << ")\n"
+            << "format version   " << info->format_version << " (written by h5ckpt " << info->library_version << ")\n"
             << "step             " << (info->step >= 0 ? std::to_string(info->step) : std::string("-")) << "\n"
-            << "saved topology   tp=" << s.tp << " dp=" << s.dp << " pp=" << s.pp
-            << " (world " << info->saved_coords.size() << ")\n"
+            << "saved topology   tp=" << s.tp << " dp=" << s.dp << " pp=" << s.pp << " (world "
+            << info->saved_coords.size() << ")\n"
             << "data file        " << info->data_file << " (" << human_bytes(file_bytes) << ")\n";
   for (const auto& [k, v] : info->attributes) std::cout << "attribute        " << k << " = " << v << "\n";
 
@@ -98,8 +97,10 @@ int inspect_checkpoint(const InspectArgs& a, const std::string& path) {
     for (const auto& t : info->tensors)
       for (size_t r = 0; r < t.regions.size(); ++r) {
         char hex[17] = "-";
-        if (t.regions[r].checksum) std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(t.regions[r].checksum));
-        regs.add({t.key, std::to_string(r), spec_str(t.regions[r].shard), std::to_string(t.regions[r].writer_rank), hex});
+        if (t.regions[r].checksum)
+          std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(t.regions[r].checksum));
+        regs.add(
+            {t.key, std::to_string(r), spec_str(t.regions[r].shard), std::to_string(t.regions[r].writer_rank), hex});
       }
     regs.print(std::cout);
   }
@@ -145,7 +146,8 @@ int inspect_directory(const InspectArgs& a, const std::string& dir) {
     }
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) { return natural_less(x.name, y.name); });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& x, const Entry& y) { return natural_less(x.name, y.name); });
   const bool latest_found =
       latest.empty() || std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.latest; });
 

@@ -51,17 +51,18 @@ int run_reshard(const ReshardArgs& a) {
     if (rank == 0) print_error(what, st);
   };
   if (a.tp < 1 || a.pp < 1 || a.dp < 1 || static_cast<int64_t>(a.tp) * a.pp * a.dp != world) {
-    say_error("reshard", Status(ErrorCode::kInvalidArgument,
-                                "--tp " + std::to_string(a.tp) + " --pp " + std::to_string(a.pp) + " --dp " +
-                                    std::to_string(a.dp) + " needs tp*pp*dp ranks, but this run has " +
-                                    std::to_string(world) + " (use mpirun -n " +
-                                    std::to_string(static_cast<int64_t>(a.tp) * a.pp * a.dp) + ")"));
+    say_error("reshard",
+              Status(ErrorCode::kInvalidArgument,
+                     "--tp " + std::to_string(a.tp) + " --pp " + std::to_string(a.pp) + " --dp " +
+                         std::to_string(a.dp) + " needs tp*pp*dp ranks, but this run has " + std::to_string(world) +
+                         " (use mpirun -n " + std::to_string(static_cast<int64_t>(a.tp) * a.pp * a.dp) + ")"));
     return kExitError;
   }
   // Every rank reads the (small) metadata itself; all see the same outcome.
   auto info = read_checkpoint_info(a.path);
   if (const int rc = mpi.agree_exit(info.ok() ? kExitOk : exit_for(info.status())); rc != kExitOk) {
-    say_error("cannot read '" + a.path + "'", info.ok() ? Status(ErrorCode::kRemote, "another rank failed") : info.status());
+    say_error("cannot read '" + a.path + "'",
+              info.ok() ? Status(ErrorCode::kRemote, "another rank failed") : info.status());
     return rc;
   }
   auto topo = Topology::create(MPI_COMM_WORLD, ParallelSizes{a.tp, a.dp, a.pp});

@@ -27,7 +27,8 @@ int run_verify(const VerifyArgs& a) {
       if (a.json) {
         std::cout << json{{"ok", false}, {"path", a.path}, {"errors", {info.status().to_string()}}}.dump(2) << "\n";
       }
-      print_error("verify '" + a.path + "'", info.ok() ? Status(ErrorCode::kRemote, "another rank failed") : info.status());
+      print_error("verify '" + a.path + "'",
+                  info.ok() ? Status(ErrorCode::kRemote, "another rank failed") : info.status());
     }
     return worst;
   }

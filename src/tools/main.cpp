@@ -13,8 +13,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(h5ckpt::version()));
   app.require_subcommand(1);
   int exit_code = kExitOk;
-  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard, register_report,
-                         register_prune})
+  for (RegisterFn reg : {register_inspect, register_verify, register_diff, register_export, register_reshard,
+                         register_report, register_prune})
     reg(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -21,8 +21,7 @@ std::string coords_str(const RankRow& r) {
 }
 
 std::string title_of(const Metrics& m) {
-  std::string t =
-      m.op + " of " + m.checkpoint + " — " + std::to_string(m.world) + (m.world == 1 ? " rank" : " ranks");
+  std::string t = m.op + " of " + m.checkpoint + " — " + std::to_string(m.world) + (m.world == 1 ? " rank" : " ranks");
   if (m.tp > 0) t += " (tp" + std::to_string(m.tp) + " dp" + std::to_string(m.dp) + " pp" + std::to_string(m.pp) + ")";
   return t;
 }

@@ -79,8 +79,8 @@ std::string heat_map_svg(const Metrics& m, const std::vector<PhaseSummary>& sum)
       const double t = vmax > 0 && have ? v / vmax : 0;
       const int x = label_w + p * cell_w;
       o << "<rect class=\"cell" << (slow ? " straggler" : "") << "\" data-rank=\"" << r.rank << "\" data-phase=\""
-        << esc(m.phases[p]) << "\" data-seconds=\"" << (have ? fmt("%.9g", v) : "") << "\" x=\"" << x + 1
-        << "\" y=\"" << y + 1 << "\" width=\"" << cell_w - 2 << "\" height=\"" << cell_h - 2 << "\" fill=\""
+        << esc(m.phases[p]) << "\" data-seconds=\"" << (have ? fmt("%.9g", v) : "") << "\" x=\"" << x + 1 << "\" y=\""
+        << y + 1 << "\" width=\"" << cell_w - 2 << "\" height=\"" << cell_h - 2 << "\" fill=\""
         << (have ? heat_color(t) : "#eeeeee") << "\""
         << (slow ? " stroke=\"#0000ff\" stroke-width=\"3\"" : " stroke=\"#ffffff\" stroke-width=\"1\"") << ">"
         << "<title>rank " << r.rank << ", " << esc(m.phases[p]) << ": " << (have ? format_seconds(v) + " s" : "no data")
@@ -128,8 +128,8 @@ std::string render_html(const std::vector<Metrics>& all, const StragglerRule& ru
     << " s more; its heat-map cell has a blue border.</p>\n";
   for (const auto& m : all) {
     const auto sum = summarize(m, rule);
-    o << "<section class=\"op-" << esc(m.op) << "\">\n<h2>" << esc(title_of(m)) << "</h2>\n<p class=\"note\">metrics: "
-      << esc(m.source) << "</p>\n";
+    o << "<section class=\"op-" << esc(m.op) << "\">\n<h2>" << esc(title_of(m))
+      << "</h2>\n<p class=\"note\">metrics: " << esc(m.source) << "</p>\n";
     // Straggler summary first: the answer to "who is slow?".
     std::vector<std::string> flagged;
     for (const auto& s : sum)

@@ -102,7 +102,7 @@ Result<Metrics> parse_metrics(const std::string& json_text, const std::string& s
   }
   std::sort(m.ranks.begin(), m.ranks.end(), [](const RankRow& a, const RankRow& b) { return a.rank < b.rank; });
   m.world = doc.contains(key::kWorld) && doc[key::kWorld].is_number_integer() ? doc[key::kWorld].get<int>()
-                                                                               : static_cast<int>(m.ranks.size());
+                                                                              : static_cast<int>(m.ranks.size());
   return m;
 }
 

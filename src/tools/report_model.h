@@ -13,7 +13,7 @@ namespace h5ckpt::report {
 
 struct RankRow {
   int rank = 0;
-  std::vector<int> coords;     ///< tp, dp, pp (empty when the file has none)
+  std::vector<int> coords;      ///< tp, dp, pp (empty when the file has none)
   std::vector<double> phase_s;  ///< seconds per phase of Metrics::phases; NaN when missing
   std::vector<std::pair<std::string, uint64_t>> bytes;
   double total_s() const;  ///< sum of the present phases

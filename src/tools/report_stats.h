@@ -19,7 +19,7 @@ struct PhaseSummary {
 };
 
 struct StragglerRule {
-  double ratio = 1.5;    ///< slowest >= ratio x median ...
+  double ratio = 1.5;       ///< slowest >= ratio x median ...
   double min_gap_s = 0.01;  ///< ... and at least this many seconds slower (ignores noise in tiny phases)
 };
 

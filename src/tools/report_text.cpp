@@ -29,9 +29,8 @@ std::string render_text(const std::vector<Metrics>& all, const StragglerRule& ru
                     s.straggler ? "  STRAGGLER" : "");
       o << line;
       if (s.straggler)
-        flagged.push_back("rank " + std::to_string(s.slowest_rank) + " in " + s.phase + " (" +
-                          format_seconds(s.max_s) + " s vs median " + format_seconds(s.median_s) + " s, " +
-                          ratio_str(s.ratio) + ")");
+        flagged.push_back("rank " + std::to_string(s.slowest_rank) + " in " + s.phase + " (" + format_seconds(s.max_s) +
+                          " s vs median " + format_seconds(s.median_s) + " s, " + ratio_str(s.ratio) + ")");
     }
     const RankRow* slowest = nullptr;
     for (const auto& r : m.ranks)
@@ -39,8 +38,9 @@ std::string render_text(const std::vector<Metrics>& all, const StragglerRule& ru
     if (slowest)
       o << "  slowest rank overall: " << slowest->rank << " (" << format_seconds(slowest->total_s())
         << " s over all phases)\n";
-    if (flagged.empty()) o << "  stragglers: none (rule: slowest >= " << fmt("%.2f", rule.ratio) << "x median and >= "
-                           << format_seconds(rule.min_gap_s) << " s slower)\n";
+    if (flagged.empty())
+      o << "  stragglers: none (rule: slowest >= " << fmt("%.2f", rule.ratio)
+        << "x median and >= " << format_seconds(rule.min_gap_s) << " s slower)\n";
     for (const auto& f : flagged) o << "  straggler: " << f << "\n";
     o << "\n";
   }

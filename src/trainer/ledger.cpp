@@ -8,8 +8,7 @@
 namespace h5ckpt::workload {
 
 void Ledger::record(int64_t step, int dp_rank, const std::vector<loader::Piece>& pieces) {
-  for (const auto& p : pieces)
-    rows_.insert(rows_.end(), {step, dp_rank, p.id.source, p.id.record, p.begin, p.end});
+  for (const auto& p : pieces) rows_.insert(rows_.end(), {step, dp_rank, p.id.source, p.id.record, p.begin, p.end});
 }
 
 Status Ledger::flush(MPI_Comm world, const std::string& path) {

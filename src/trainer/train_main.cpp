@@ -9,10 +9,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cstdarg>
 #include <chrono>
 #include <cinttypes>
 #include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -49,8 +49,8 @@ struct Options {
   bool quiet = false;
   std::string config_file;
   int64_t keep_last = -1, keep_every = -1;  // retention flags; -1: as configured
-  double timeout_s = -1;                     // --timeout-s; -1: as configured
-  Config ck;  // resolved checkpointer, save and load settings
+  double timeout_s = -1;                    // --timeout-s; -1: as configured
+  Config ck;                                // resolved checkpointer, save and load settings
 };
 
 int g_rank = 0;
@@ -65,9 +65,7 @@ bool stop_requested() {
   return any != 0;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void say(const Options& o, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 void say(const Options& o, const char* fmt, ...) {
@@ -120,7 +118,8 @@ void append_report(const Options& o, const std::string& op, int64_t step, double
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   std::fprintf(f,
-               "{\"op\":\"%s\",\"step\":%" PRId64 ",\"layout\":\"%s\",\"world\":%d,\"seconds\":%.6f,"
+               "{\"op\":\"%s\",\"step\":%" PRId64
+               ",\"layout\":\"%s\",\"world\":%d,\"seconds\":%.6f,"
                "\"bytes\":%" PRIu64 ",\"path\":\"%s\"}\n",
                op.c_str(), step, o.cfg.layout_tag().c_str(), world, seconds, bytes, path.c_str());
   std::fclose(f);
@@ -192,8 +191,10 @@ int train(Options& o, int world) {
       uint64_t bytes = sum_over_ranks(rep->bytes_read);
       int restored = w.rng_restored() ? 1 : 0, n_restored = 0;
       MPI_Allreduce(&restored, &n_restored, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-      say(o, "resumed %s at step %" PRId64 " (saved as tp%d.pp%d.dp%d) as %s: %.1f MB read in %.3f s; "
-             "RNG restored on %d/%d ranks, derived on the others",
+      say(o,
+          "resumed %s at step %" PRId64
+          " (saved as tp%d.pp%d.dp%d) as %s: %.1f MB read in %.3f s; "
+          "RNG restored on %d/%d ranks, derived on the others",
           rep->path.c_str(), w.global_step(), info->saved_sizes.tp, info->saved_sizes.pp, info->saved_sizes.dp,
           o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
       append_report(o, "load", w.global_step(), secs, bytes, rep->path);
@@ -235,8 +236,7 @@ int train(Options& o, int world) {
     ++trained;
     if (record) ledger.record(step, me.dp, pieces);
     stopped = stop_requested();
-    bool save = !o.ckpt_dir.empty() &&
-                ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps || stopped);
+    bool save = !o.ckpt_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps || stopped);
     if (save) {
       StateDict sd;
       w.stage_save(sd);
@@ -271,8 +271,7 @@ int train(Options& o, int world) {
   if (stopped)
     say(o, "stop requested (SIGUSR1) at step %" PRId64 ": %s", w.global_step(),
         o.ckpt_dir.empty() ? "no --ckpt-dir, nothing saved" : "checkpoint committed, stopping early");
-  if (!o.ledger.empty() && o.ckpt_dir.empty() &&
-      !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger"))
+  if (!o.ledger.empty() && o.ckpt_dir.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger"))
     return 1;
   say(o, "done: step %" PRId64 ", %" PRId64 " steps in %.3f s of compute (rank 0)", w.global_step(), trained, train_s);
   return 0;
@@ -314,8 +313,9 @@ int verify_ledger(Options& o, int world) {
     }
   }
   if (!all_ok(st, "exactly-once check of '" + o.verify_ledger + "' against " + info->path)) return 1;
-  say(o, "exactly-once OK up to step %" PRId64 ": %zu pieces, %" PRId64 " tokens; %" PRId64
-         " samples fully consumed, %" PRId64 " partly consumed (rest buffered), %" PRId64 " pending",
+  say(o,
+      "exactly-once OK up to step %" PRId64 ": %zu pieces, %" PRId64 " tokens; %" PRId64
+      " samples fully consumed, %" PRId64 " partly consumed (rest buffered), %" PRId64 " pending",
       info->step, n_pieces, sum.tokens_consumed, sum.samples_complete, sum.samples_partial, sum.samples_pending);
   return 0;
 }
@@ -384,8 +384,8 @@ int compare(Options& o, int world) {
       // rows must be zero, the common rows identical.
       bool rows_only = a->shape.size() == 2 && b->shape.size() == 2 && a->shape[1] == b->shape[1];
       const auto& longer = da.size() > db.size() ? da : db;
-      bool zero_tail = std::all_of(longer.begin() + static_cast<long>(common), longer.end(),
-                                   [](uint8_t x) { return x == 0; });
+      bool zero_tail =
+          std::all_of(longer.begin() + static_cast<long>(common), longer.end(), [](uint8_t x) { return x == 0; });
       if (!rows_only || !zero_tail) {
         std::printf("SHAPE %s differs beyond vocabulary padding\n", k.c_str());
         ++bad;
@@ -424,10 +424,11 @@ int main(int argc, char** argv) {
   Options o;
   auto& c = o.cfg;
   auto& m = c.model;
-  CLI::App app{"Synthetic GPT trainer for h5ckpt: Megatron-style TP/PP/DP layouts, elementwise Adam, "
-               "a data loader with token buffers; checkpoints with h5ckpt and resumes bit-exactly under "
-               "any layout. Launch with mpiexec -n tp*pp*dp.",
-               "h5ckpt-train"};
+  CLI::App app{
+      "Synthetic GPT trainer for h5ckpt: Megatron-style TP/PP/DP layouts, elementwise Adam, "
+      "a data loader with token buffers; checkpoints with h5ckpt and resumes bit-exactly under "
+      "any layout. Launch with mpiexec -n tp*pp*dp.",
+      "h5ckpt-train"};
   // A later occurrence of an option overrides an earlier one (scripts append overrides).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--tp", c.sizes.tp, "tensor-parallel size")->capture_default_str();
@@ -440,7 +441,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-heads", m.kv_heads, "KV heads (GQA groups; a multiple of tp)")->capture_default_str();
   app.add_option("--ffn", m.ffn, "MLP hidden size")->capture_default_str();
   app.add_option("--vocab", m.vocab, "vocabulary size (padded up to a multiple of tp)")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "model parameter dtype")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
+  app.add_option("--dtype", o.dtype, "model parameter dtype")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "train until global step N")->capture_default_str();
   app.add_option("--save-every", o.save_every, "save every K steps (and at the last step); 0: last step only")
       ->capture_default_str();
@@ -448,13 +451,15 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "seed of the data loader and the RNG states")->capture_default_str();
   app.add_flag("--tie-embeddings", m.tie_embeddings, "output layer shares the word embedding (no output_layer.weight)");
   app.add_option("--loader-workers", c.loader_workers, "data-loader read workers per DP rank")->capture_default_str();
-  app.add_option("--seq-len", c.context_len, "tokens per window (one window per DP rank per step)")->capture_default_str();
+  app.add_option("--seq-len", c.context_len, "tokens per window (one window per DP rank per step)")
+      ->capture_default_str();
   app.add_option("--ledger", o.ledger, "append every consumed sample piece (step dp source record begin end) to FILE");
   app.add_option("--report", o.report, "append one JSON line per save/load (seconds, bytes) to FILE");
   app.add_option("--verify-ledger", o.verify_ledger,
                  "check mode: every sample in FILE plus --ckpt-dir's loader state consumed exactly once");
-  app.add_option("--compare", o.compare, "check mode (1 rank): checkpoints A and B have bit-identical "
-                                         "model/ and optimizer/ datasets")
+  app.add_option("--compare", o.compare,
+                 "check mode (1 rank): checkpoints A and B have bit-identical "
+                 "model/ and optimizer/ datasets")
       ->expected(2)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--quiet", o.quiet, "print errors only");

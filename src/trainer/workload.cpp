@@ -29,9 +29,7 @@ float initial_value(int64_t i, uint32_t h) {
   return static_cast<float>((i * 7 + static_cast<int64_t>(h)) % 251 - 125) / 128.0f;
 }
 
-float target_value(int64_t i, uint32_t h) {
-  return static_cast<float>((i * 3 + static_cast<int64_t>(h)) % 17) / 16.0f;
-}
+float target_value(int64_t i, uint32_t h) { return static_cast<float>((i * 3 + static_cast<int64_t>(h)) % 17) / 16.0f; }
 
 uint16_t to_bf16(float v) {
   uint32_t bits;
@@ -63,8 +61,8 @@ Status TrainConfig::validate(int world_size) const {
       __builtin_mul_overflow(want, int64_t{sizes.dp}, &want) || want > INT32_MAX)
     return bad("tp*pp*dp = " + product + " is more ranks than MPI can address (at most 2^31-1)");
   if (world_size != want)
-    return bad("world size " + std::to_string(world_size) + " != tp*pp*dp = " + product + " = " +
-               std::to_string(want) + " (launch with mpiexec -n " + std::to_string(want) + ")");
+    return bad("world size " + std::to_string(world_size) + " != tp*pp*dp = " + product + " = " + std::to_string(want) +
+               " (launch with mpiexec -n " + std::to_string(want) + ")");
   if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.kv_heads < 1 || m.ffn < 1 || m.vocab < 1)
     return bad("--layers, --hidden, --heads, --kv-heads, --ffn and --vocab must be >= 1");
   if (m.hidden % m.heads != 0) return bad("--hidden must be a multiple of --heads");
@@ -144,8 +142,7 @@ int64_t Workload::Local::global_index(int64_t j) const {
   return (b.offset[0] + j / b.shape[1]) * cols + b.offset[1] + j % b.shape[1];
 }
 
-Workload::Workload(const TrainConfig& cfg, const Topology& topo)
-    : cfg_(cfg), topo_(&topo), coords_(topo.coords()) {
+Workload::Workload(const TrainConfig& cfg, const Topology& topo) : cfg_(cfg), topo_(&topo), coords_(topo.coords()) {
   descs_ = model_tensors(cfg.model, cfg.sizes.tp, cfg.sizes.pp);
   const size_t es = dtype_size(cfg.model.dtype);
   for (const auto& d : descs_) {
@@ -156,8 +153,8 @@ Workload::Workload(const TrainConfig& cfg, const Topology& topo)
     t.desc = &d;
     t.key = "model/" + d.fqn;
     t.h = fnv1a32(t.key) % 251;
-    t.tp_shard = d.split_dim < 0 ? ShardSpec::whole(d.shape)
-                                 : ShardSpec::split(d.shape, d.split_dim, cfg.sizes.tp, coords_.tp);
+    t.tp_shard =
+        d.split_dim < 0 ? ShardSpec::whole(d.shape) : ShardSpec::split(d.shape, d.split_dim, cfg.sizes.tp, coords_.tp);
     t.numel = t.tp_shard.numel();
     if (cfg.zero) {  // the distributed optimizer owns an even flat slice of the TP shard
       t.opt_begin = t.numel * coords_.dp / cfg.sizes.dp;
@@ -176,17 +173,14 @@ Workload::Workload(const TrainConfig& cfg, const Topology& topo)
       int64_t i = t.global_index(j);
       bool pad = d.valid_rows >= 0 && i / cols >= d.valid_rows;
       float v = pad ? 0.0f : initial_value(i, t.h);
-      if (cfg.model.dtype == DType::kBF16)
-        reinterpret_cast<uint16_t*>(t.param.data())[j] = to_bf16(v);
-      else
-        reinterpret_cast<float*>(t.param.data())[j] = v;
+      if (cfg.model.dtype == DType::kBF16) reinterpret_cast<uint16_t*>(t.param.data())[j] = to_bf16(v);
+      else reinterpret_cast<float*>(t.param.data())[j] = v;
       if (j >= t.opt_begin && j < t.opt_end) t.master[static_cast<size_t>(j - t.opt_begin)] = v;
     }
     locals_.push_back(std::move(t));
   }
-  loader_ = loader::RankLoader::fresh(
-      extras::default_loader_config(cfg.seed, cfg.loader_workers, cfg.context_len), cfg.sizes.dp,
-      coords_.dp);
+  loader_ = loader::RankLoader::fresh(extras::default_loader_config(cfg.seed, cfg.loader_workers, cfg.context_len),
+                                      cfg.sizes.dp, coords_.dp);
   extras_.global_step = 0;
   extras_.scheduler = extras::LrSchedulerState{1e-2, 1e-2, 0, 0, 0};
   extras_.rng = extras::derive_rank_rng(cfg.seed, 0, coords_);
@@ -219,10 +213,8 @@ void Workload::update(Local& t, float lr, float bc1, float bc2) {
     const float vhat = v / bc2;
     float& w = t.master[o];
     w = w - lr * mhat / (std::sqrt(vhat) + eps);
-    if (bf16)
-      p16[j] = to_bf16(w);
-    else
-      p32[j] = w;
+    if (bf16) p16[j] = to_bf16(w);
+    else p32[j] = w;
   }
 }
 
@@ -278,9 +270,8 @@ Status Workload::stage_load(StateDict& sd, const CheckpointInfo& info) {
   stage_save(sd);  // the same items, now as load targets...
   // ...except the loader and extras, whose saved items depend on the saving layout.
   auto& items = sd.items();
-  std::erase_if(items, [](const StateItem& it) {
-    return it.key.rfind("loader/", 0) == 0 || it.key.rfind("extra/", 0) == 0;
-  });
+  std::erase_if(items,
+                [](const StateItem& it) { return it.key.rfind("loader/", 0) == 0 || it.key.rfind("extra/", 0) == 0; });
   // A vocabulary padded for another tp: keep the common rows (padding rows are zero anyway).
   // Only padding may differ: the same vocabulary (when the checkpoint records it), the same
   // hidden size, and at least every real row stored.

@@ -29,7 +29,7 @@ struct ModelConfig {
 struct TrainConfig {
   ModelConfig model;
   ParallelSizes sizes;
-  bool zero = false;       ///< distributed optimizer: master, m, v split over DP
+  bool zero = false;  ///< distributed optimizer: master, m, v split over DP
   uint64_t seed = 1234;
   int loader_workers = 2;  ///< read workers per DP rank
   int64_t context_len = 2048;
@@ -42,11 +42,11 @@ struct TrainConfig {
 
 /// One tensor of the model as the checkpoint sees it.
 struct TensorDesc {
-  std::string fqn;         ///< Megatron name, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
-  Shape shape;             ///< global shape (vocabulary padded to a multiple of tp)
-  int split_dim = -1;      ///< TP split dimension; -1: replicated over TP
-  std::vector<int> stages; ///< PP stages holding it (two for a tied embedding with pp > 1)
-  int64_t valid_rows = -1; ///< rows >= valid_rows are vocabulary padding (frozen at zero)
+  std::string fqn;          ///< Megatron name, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
+  Shape shape;              ///< global shape (vocabulary padded to a multiple of tp)
+  int split_dim = -1;       ///< TP split dimension; -1: replicated over TP
+  std::vector<int> stages;  ///< PP stages holding it (two for a tied embedding with pp > 1)
+  int64_t valid_rows = -1;  ///< rows >= valid_rows are vocabulary padding (frozen at zero)
 };
 
 /// Every tensor of the model under `tp` x `pp` (the names and, except for the vocabulary
@@ -94,14 +94,14 @@ class Workload {
  private:
   struct Local {
     const TensorDesc* desc = nullptr;
-    std::string key;        ///< "model/<fqn>"
-    uint32_t h = 0;         ///< fnv1a32(key) % 251
-    ShardSpec tp_shard;     ///< this rank's TP box
-    int64_t numel = 0;      ///< elements of the TP box
-    int64_t opt_begin = 0, opt_end = 0;  ///< the part of the box this rank's optimizer owns
-    std::vector<uint8_t> param;          ///< numel * dtype_size
+    std::string key;                                 ///< "model/<fqn>"
+    uint32_t h = 0;                                  ///< fnv1a32(key) % 251
+    ShardSpec tp_shard;                              ///< this rank's TP box
+    int64_t numel = 0;                               ///< elements of the TP box
+    int64_t opt_begin = 0, opt_end = 0;              ///< the part of the box this rank's optimizer owns
+    std::vector<uint8_t> param;                      ///< numel * dtype_size
     std::vector<float> master, exp_avg, exp_avg_sq;  ///< opt_end - opt_begin each
-    int64_t global_index(int64_t j) const;  ///< flat global index of local element j
+    int64_t global_index(int64_t j) const;           ///< flat global index of local element j
   };
   void update(Local& t, float lr, float bc1, float bc2);
   void allgather_params(Local& t);

@@ -65,7 +65,7 @@ class ByteReader {
     const uint64_t n = get_count(sizeof(int64_t));
     if (!ok_) return {};
     std::vector<int64_t> v(n);
-    std::memcpy(v.data(), p_, n * sizeof(int64_t));
+    if (n) std::memcpy(v.data(), p_, n * sizeof(int64_t));  // (an empty vector's data() may be null)
     p_ += n * sizeof(int64_t);
     return v;
   }

@@ -74,8 +74,7 @@ inline double decode_impl(uint32_t bits, int exp_bits, int man_bits, bool has_in
 
   if (exp == exp_all && (has_inf || man == man_all)) {
     if (has_inf && man == 0) return std::bit_cast<double>(s | kF64ExpMask);
-    return std::bit_cast<double>(s | kF64ExpMask | kF64QuietBit |
-                                 (static_cast<uint64_t>(man) << (52 - man_bits)));
+    return std::bit_cast<double>(s | kF64ExpMask | kF64QuietBit | (static_cast<uint64_t>(man) << (52 - man_bits)));
   }
   if (exp == 0) {
     if (man == 0) return std::bit_cast<double>(s);
@@ -86,8 +85,7 @@ inline double decode_impl(uint32_t bits, int exp_bits, int man_bits, bool has_in
     return std::bit_cast<double>(s | (dexp << 52) | frac);
   }
   const auto dexp = static_cast<uint64_t>(static_cast<int>(exp) - bias + 1023);
-  return std::bit_cast<double>(s | (dexp << 52) |
-                               (static_cast<uint64_t>(man) << (52 - man_bits)));
+  return std::bit_cast<double>(s | (dexp << 52) | (static_cast<uint64_t>(man) << (52 - man_bits)));
 }
 
 }  // namespace
@@ -99,18 +97,10 @@ double decode_minifloat(uint32_t bits, int exp_bits, int man_bits, bool has_inf)
   return decode_impl(bits, exp_bits, man_bits, has_inf);
 }
 
-uint16_t f64_to_bf16(double v) {
-  return static_cast<uint16_t>(encode_impl(v, kBf16E, kBf16M, true));
-}
-uint16_t f64_to_f16(double v) {
-  return static_cast<uint16_t>(encode_impl(v, kF16E, kF16M, true));
-}
-uint8_t f64_to_f8e4m3(double v) {
-  return static_cast<uint8_t>(encode_impl(v, kE4M3E, kE4M3M, false));
-}
-uint8_t f64_to_f8e5m2(double v) {
-  return static_cast<uint8_t>(encode_impl(v, kE5M2E, kE5M2M, true));
-}
+uint16_t f64_to_bf16(double v) { return static_cast<uint16_t>(encode_impl(v, kBf16E, kBf16M, true)); }
+uint16_t f64_to_f16(double v) { return static_cast<uint16_t>(encode_impl(v, kF16E, kF16M, true)); }
+uint8_t f64_to_f8e4m3(double v) { return static_cast<uint8_t>(encode_impl(v, kE4M3E, kE4M3M, false)); }
+uint8_t f64_to_f8e5m2(double v) { return static_cast<uint8_t>(encode_impl(v, kE5M2E, kE5M2M, true)); }
 
 // float -> double is exact, so the f32 entry points share the single-rounding f64 path.
 uint16_t f32_to_bf16(float v) { return f64_to_bf16(v); }
@@ -119,18 +109,10 @@ uint8_t f32_to_f8e4m3(float v) { return f64_to_f8e4m3(v); }
 uint8_t f32_to_f8e5m2(float v) { return f64_to_f8e5m2(v); }
 
 // Every narrow value is exactly a float, so these casts never round.
-float bf16_to_f32(uint16_t bits) {
-  return static_cast<float>(decode_impl(bits, kBf16E, kBf16M, true));
-}
-float f16_to_f32(uint16_t bits) {
-  return static_cast<float>(decode_impl(bits, kF16E, kF16M, true));
-}
-float f8e4m3_to_f32(uint8_t bits) {
-  return static_cast<float>(decode_impl(bits, kE4M3E, kE4M3M, false));
-}
-float f8e5m2_to_f32(uint8_t bits) {
-  return static_cast<float>(decode_impl(bits, kE5M2E, kE5M2M, true));
-}
+float bf16_to_f32(uint16_t bits) { return static_cast<float>(decode_impl(bits, kBf16E, kBf16M, true)); }
+float f16_to_f32(uint16_t bits) { return static_cast<float>(decode_impl(bits, kF16E, kF16M, true)); }
+float f8e4m3_to_f32(uint8_t bits) { return static_cast<float>(decode_impl(bits, kE4M3E, kE4M3M, false)); }
+float f8e5m2_to_f32(uint8_t bits) { return static_cast<float>(decode_impl(bits, kE5M2E, kE5M2M, true)); }
 
 namespace {
 
@@ -153,33 +135,25 @@ template <>
 struct Codec<DType::kF16> {
   using Storage = uint16_t;
   static double load(uint16_t x) { return decode_impl(x, kF16E, kF16M, true); }
-  static uint16_t store(double v) {
-    return static_cast<uint16_t>(encode_impl(v, kF16E, kF16M, true));
-  }
+  static uint16_t store(double v) { return static_cast<uint16_t>(encode_impl(v, kF16E, kF16M, true)); }
 };
 template <>
 struct Codec<DType::kBF16> {
   using Storage = uint16_t;
   static double load(uint16_t x) { return decode_impl(x, kBf16E, kBf16M, true); }
-  static uint16_t store(double v) {
-    return static_cast<uint16_t>(encode_impl(v, kBf16E, kBf16M, true));
-  }
+  static uint16_t store(double v) { return static_cast<uint16_t>(encode_impl(v, kBf16E, kBf16M, true)); }
 };
 template <>
 struct Codec<DType::kF8E4M3> {
   using Storage = uint8_t;
   static double load(uint8_t x) { return decode_impl(x, kE4M3E, kE4M3M, false); }
-  static uint8_t store(double v) {
-    return static_cast<uint8_t>(encode_impl(v, kE4M3E, kE4M3M, false));
-  }
+  static uint8_t store(double v) { return static_cast<uint8_t>(encode_impl(v, kE4M3E, kE4M3M, false)); }
 };
 template <>
 struct Codec<DType::kF8E5M2> {
   using Storage = uint8_t;
   static double load(uint8_t x) { return decode_impl(x, kE5M2E, kE5M2M, true); }
-  static uint8_t store(double v) {
-    return static_cast<uint8_t>(encode_impl(v, kE5M2E, kE5M2M, true));
-  }
+  static uint8_t store(double v) { return static_cast<uint8_t>(encode_impl(v, kE5M2E, kE5M2M, true)); }
 };
 
 template <DType S, DType D>

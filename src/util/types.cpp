@@ -11,11 +11,18 @@ namespace h5ckpt {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF64: case DType::kI64: return 8;
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kF16: case DType::kBF16: case DType::kI16: return 2;
-    case DType::kF8E4M3: case DType::kF8E5M2: case DType::kI8: case DType::kU8: case DType::kBool:
-      return 1;
+    case DType::kF64:
+    case DType::kI64: return 8;
+    case DType::kF32:
+    case DType::kI32: return 4;
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI16: return 2;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool: return 1;
   }
   return 0;
 }
@@ -39,14 +46,18 @@ const char* dtype_name(DType t) {
 }
 
 Result<DType> dtype_from_name(const std::string& name) {
-  static const std::map<std::string, DType> kNames = {
-      {"f32", DType::kF32}, {"float32", DType::kF32}, {"f64", DType::kF64}, {"float64", DType::kF64},
-      {"f16", DType::kF16}, {"float16", DType::kF16}, {"bf16", DType::kBF16},
-      {"bfloat16", DType::kBF16}, {"f8e4m3", DType::kF8E4M3}, {"float8_e4m3fn", DType::kF8E4M3},
-      {"f8e5m2", DType::kF8E5M2}, {"float8_e5m2", DType::kF8E5M2}, {"i8", DType::kI8},
-      {"int8", DType::kI8}, {"i16", DType::kI16}, {"int16", DType::kI16}, {"i32", DType::kI32},
-      {"int32", DType::kI32}, {"i64", DType::kI64}, {"int64", DType::kI64}, {"u8", DType::kU8},
-      {"uint8", DType::kU8}, {"bool", DType::kBool}};
+  static const std::map<std::string, DType> kNames = {{"f32", DType::kF32},       {"float32", DType::kF32},
+                                                      {"f64", DType::kF64},       {"float64", DType::kF64},
+                                                      {"f16", DType::kF16},       {"float16", DType::kF16},
+                                                      {"bf16", DType::kBF16},     {"bfloat16", DType::kBF16},
+                                                      {"f8e4m3", DType::kF8E4M3}, {"float8_e4m3fn", DType::kF8E4M3},
+                                                      {"f8e5m2", DType::kF8E5M2}, {"float8_e5m2", DType::kF8E5M2},
+                                                      {"i8", DType::kI8},         {"int8", DType::kI8},
+                                                      {"i16", DType::kI16},       {"int16", DType::kI16},
+                                                      {"i32", DType::kI32},       {"int32", DType::kI32},
+                                                      {"i64", DType::kI64},       {"int64", DType::kI64},
+                                                      {"u8", DType::kU8},         {"uint8", DType::kU8},
+                                                      {"bool", DType::kBool}};
   auto it = kNames.find(name);
   if (it == kNames.end()) return Status(ErrorCode::kInvalidArgument, "unknown dtype '" + name + "'");
   return it->second;
@@ -54,8 +65,12 @@ Result<DType> dtype_from_name(const std::string& name) {
 
 bool dtype_is_float(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kF64: case DType::kF16: case DType::kBF16:
-    case DType::kF8E4M3: case DType::kF8E5M2: return true;
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2: return true;
     default: return false;
   }
 }
@@ -77,8 +92,7 @@ ShardSpec ShardSpec::box_of(Shape offset, Shape shape) {
 ShardSpec ShardSpec::split(const Shape& global_shape, int dim, int parts, int index) {
   ShardSpec s = whole(global_shape);
   // Invalid arguments give an invalid spec that validate() reports, rather than UB here.
-  if (dim < 0 || dim >= static_cast<int>(global_shape.size()) || parts <= 0 || index < 0 ||
-      index >= parts) {
+  if (dim < 0 || dim >= static_cast<int>(global_shape.size()) || parts <= 0 || index < 0 || index >= parts) {
     s.box.shape.assign(global_shape.size(), -1);
     return s;
   }
@@ -101,8 +115,7 @@ int64_t ShardSpec::numel() const {
 Status ShardSpec::validate(const Shape& global_shape) const {
   auto fail = [&](const std::string& why) {
     std::ostringstream os;
-    os << "shard " << to_string_spec(*this) << " of global shape " << to_string_shape(global_shape)
-       << ": " << why;
+    os << "shard " << to_string_spec(*this) << " of global shape " << to_string_shape(global_shape) << ": " << why;
     return Status(ErrorCode::kInvalidArgument, os.str());
   };
   if (global_shape.empty()) return fail("tensors need at least one dimension");

@@ -35,9 +35,14 @@ void put_value(DType t, int seed, int64_t i, void* dst) {
   const double f = static_cast<double>(k) * 0.5;  // exact in every float type below
   const int64_t iv = (i * 13 + seed * 7) % 200 - 100;
   switch (t) {
-    case DType::kF32: { float v = static_cast<float>(f); std::memcpy(dst, &v, 4); break; }
+    case DType::kF32: {
+      float v = static_cast<float>(f);
+      std::memcpy(dst, &v, 4);
+      break;
+    }
     case DType::kF64: std::memcpy(dst, &f, 8); break;
-    case DType::kF16: case DType::kBF16: {
+    case DType::kF16:
+    case DType::kBF16: {
       // f is k/2 with |k| <= 30: build the IEEE half / bfloat16 bits from the f32 bits.
       float v = static_cast<float>(f);
       uint32_t b;
@@ -52,14 +57,30 @@ void put_value(DType t, int seed, int64_t i, void* dst) {
       std::memcpy(dst, &h, 2);
       break;
     }
-    case DType::kF8E4M3: case DType::kF8E5M2: case DType::kU8:
-      *static_cast<uint8_t*>(dst) = static_cast<uint8_t>((i * 29 + seed * 11) % 256);
-      break;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kU8: *static_cast<uint8_t*>(dst) = static_cast<uint8_t>((i * 29 + seed * 11) % 256); break;
     case DType::kBool: *static_cast<uint8_t*>(dst) = ((i * 5 + seed) % 3 == 0) ? 1 : 0; break;
-    case DType::kI8: { int8_t v = static_cast<int8_t>(iv); std::memcpy(dst, &v, 1); break; }
-    case DType::kI16: { int16_t v = static_cast<int16_t>(iv * 300); std::memcpy(dst, &v, 2); break; }
-    case DType::kI32: { int32_t v = static_cast<int32_t>(iv * 1000003); std::memcpy(dst, &v, 4); break; }
-    case DType::kI64: { int64_t v = iv * 1000000007LL; std::memcpy(dst, &v, 8); break; }
+    case DType::kI8: {
+      int8_t v = static_cast<int8_t>(iv);
+      std::memcpy(dst, &v, 1);
+      break;
+    }
+    case DType::kI16: {
+      int16_t v = static_cast<int16_t>(iv * 300);
+      std::memcpy(dst, &v, 2);
+      break;
+    }
+    case DType::kI32: {
+      int32_t v = static_cast<int32_t>(iv * 1000003);
+      std::memcpy(dst, &v, 4);
+      break;
+    }
+    case DType::kI64: {
+      int64_t v = iv * 1000000007LL;
+      std::memcpy(dst, &v, 8);
+      break;
+    }
   }
 }
 
@@ -104,7 +125,8 @@ ShardSpec shard_for(const Spec& s, bool zero, int world, int rank) {
   switch (how) {
     case Split::kRows: return ShardSpec::split(s.shape, 0, world, rank);
     case Split::kCols: return ShardSpec::split(s.shape, 1, world, rank);
-    case Split::kFlat: return ShardSpec::flat_range(ShardSpec::whole(s.shape).box, n * rank / world, n * (rank + 1) / world);
+    case Split::kFlat:
+      return ShardSpec::flat_range(ShardSpec::whole(s.shape).box, n * rank / world, n * (rank + 1) / world);
     case Split::kWhole: break;
   }
   return ShardSpec::whole(s.shape);

@@ -1,7 +1,6 @@
 // Saves a tensor split over all ranks and loads it back whole on every rank.
-#include <h5ckpt/h5ckpt.hpp>
-
 #include <cstdio>
+#include <h5ckpt/h5ckpt.hpp>
 #include <string>
 #include <vector>
 

@@ -1,11 +1,12 @@
 // CUDA staging: page-locked host memory and copies on one non-blocking stream, with events as
 // markers. Any CUDA error becomes a Status naming the call.
+#include "device/cuda/cuda_staging.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdlib>
 
 #include "device/cuda/cuda_backend.h"
-#include "device/cuda/cuda_staging.h"
 #include "metrics/log.h"
 
 namespace h5ckpt::device::cuda {

@@ -40,8 +40,8 @@ class CudaStaging final : public Staging {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   std::mutex mu_;
-  uint64_t started_ = 0;                                   // copies started so far
-  std::deque<std::pair<uint64_t, cudaEvent_t>> events_;    // recorded, not yet waited past
+  uint64_t started_ = 0;                                 // copies started so far
+  std::deque<std::pair<uint64_t, cudaEvent_t>> events_;  // recorded, not yet waited past
   std::vector<cudaEvent_t> free_events_;
   std::set<void*> pageable_;  // host staging that could not be pinned
 };

@@ -127,8 +127,7 @@ std::unique_ptr<comm::Transport> make_nccl_transport(MPI_Comm comm, Staging& s, 
   const int all_ok = all_min(ok, comm);
   if (!all_ok) {
     if (ok) ncclCommDestroy(nc);
-    *why = ok ? "ncclCommInitRank failed on another rank"
-              : std::string("ncclCommInitRank: ") + ncclGetErrorString(r);
+    *why = ok ? "ncclCommInitRank failed on another rank" : std::string("ncclCommInitRank: ") + ncclGetErrorString(r);
     return nullptr;
   }
   return std::make_unique<NcclTransport>(nc, *cs, comm);
