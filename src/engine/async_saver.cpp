@@ -188,9 +188,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   // The blocking part: copy this rank's pieces into the pool (waiting only if it is full).
   PhaseScope snapshot_scope("save_async", "snapshot");
   // The snapshot must see the state as it is once the trainer's queued device work is done.
-  bool any_device = false;
-  for (const auto& it : state.items()) any_device = any_device || device::is_device_item(it);
-  if (any_device)
+  if (has_device_items(state))
     if (Status ordered = device::staging().order_after(options.device_stream); !ordered.ok())
       source->fail(ordered.with_context("waiting for the device before the snapshot"));
   const double t_snap = now_s();

@@ -42,6 +42,9 @@ Status check_item_buffer(const StateItem& item);
 /// Hash of this rank's state structure (keys, dtypes, shapes, shards; not the data).
 uint64_t structure_signature(const StateDict& state);
 
+/// True when some item's buffer is device memory (a pointer query per item).
+bool has_device_items(const StateDict& state);
+
 /// The planner's view of a rank's items.
 std::vector<planner::ItemDesc> describe_items(const StateDict& state);
 

@@ -4,6 +4,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (structure_signature)
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -67,6 +68,10 @@ uint64_t structure_signature(const StateDict& state) {
     }
   }
   return XXH3_64bits_digest(&h);
+}
+
+bool has_device_items(const StateDict& state) {
+  return std::any_of(state.items().begin(), state.items().end(), device::is_device_item);
 }
 
 std::vector<planner::ItemDesc> describe_items(const StateDict& state) {
@@ -296,9 +301,8 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
       // collectives (a hang). The file is open, so its final size comes from the datasets.
       uint64_t end = 0;
       for (size_t t = 0; t < tensors.size(); ++t) {
-        uint64_t n = dtype_size(tensors[t].dtype);
-        for (auto d : tensors[t].shape) n *= static_cast<uint64_t>(d);
-        if (job.offsets[t] >= 0) end = std::max<uint64_t>(end, static_cast<uint64_t>(job.offsets[t]) + n);
+        if (job.offsets[t] >= 0)
+          end = std::max<uint64_t>(end, static_cast<uint64_t>(job.offsets[t]) + tensors[t].nbytes());
       }
       Status allocated = coordinator ? storage::preallocate_file(data_file, end) : Status::Ok();
       if (Status a = comm::agree(allocated, world); !a.ok()) {
@@ -372,11 +376,7 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
   SaveReport& report = job.report;
   report.path = job.path;
   report.bytes_total = 0;
-  for (const auto& t : tensors) {
-    uint64_t n = dtype_size(t.dtype);
-    for (auto d : t.shape) n *= static_cast<uint64_t>(d);
-    report.bytes_total += n;
-  }
+  for (const auto& t : tensors) report.bytes_total += t.nbytes();
 
   auto gathered = comm::gather_bytes(wire::encode_checksums(job.checksums), comms.coordinator, world);
   Status st = gathered.status();
@@ -423,8 +423,7 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
                         const SaveOptions& options, const std::map<std::string, std::string>& attributes,
                         PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool) {
   H5CKPT_ASSIGN_OR_RETURN(SaveJob job, save_prepare(topo, state, path, options, attributes, cache));
-  bool any_device = false;
-  for (const auto& it : state.items()) any_device = any_device || device::is_device_item(it);
+  const bool any_device = has_device_items(state);
   // Device pieces are bounded by half the pool (or kDeviceHalfBytes when the pool is unbounded).
   constexpr uint64_t kDeviceHalfBytes = 64ull << 20;
   const uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;

@@ -30,6 +30,13 @@ struct TensorPlan {
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<PlannedRegion> regions;  ///< disjoint, covering the whole tensor
+
+  /// Bytes of the whole dataset (the planner has checked the product does not overflow).
+  uint64_t nbytes() const {
+    uint64_t n = dtype_size(dtype);
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    return n;
+  }
 };
 
 /// One write a rank performs, as plain data: a region of the plan, or a flat sub-range of its

@@ -26,8 +26,7 @@ CheckpointInfo assemble_info(const SavedCheckpoint& saved) {
     ti.key = tensors[t].key;
     ti.dtype = tensors[t].dtype;
     ti.shape = tensors[t].shape;
-    ti.nbytes = dtype_size(ti.dtype);
-    for (auto d : ti.shape) ti.nbytes *= static_cast<uint64_t>(d);
+    ti.nbytes = tensors[t].nbytes();
     ti.file_offset = saved.offsets[t];
     for (size_t r = 0; r < tensors[t].regions.size(); ++r)
       ti.regions.push_back(
