@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   roles[0] = {planner::Role::kRead, 0, -1, {1, 3}};
   roles[1] = {planner::Role::kReceive, 1, 0, {}};
   write(w, "roles", 3, wire::encode_roles(roles));
-  write(w, "checksums", 4, wire::encode_checksums({{0, 0, 0x1234567890abcdefull}, {2, 1, 7}}));
+  write(w, "checksums", 4, wire::encode_checksums({{0, 0, 64, {0x1234567890abcdefull, 3}}, {2, 1, 0, {}}}));
   write(w, "pair", 5, wire::encode_pair("/ckpt/step-20", "{\"format\":\"h5ckpt\"}"));
 
   const auto cfg = extras::default_loader_config(7, 2, 64);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "h5ckpt/h5ckpt.h"
@@ -298,6 +299,96 @@ static void check_info(const char* ckpt, const char* root) {
   CHECK(strstr(h5ckpt_last_error(), "no-such-checkpoint") != NULL, "text: %s", h5ckpt_last_error());
 }
 
+/* Flips one byte of the first occurrence of `pattern` in `file`; 1 when found. */
+static int flip_pattern(const char* file, const void* pattern, size_t n) {
+  FILE* f = fopen(file, "r+b");
+  if (!f) return 0;
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  char* bytes = malloc((size_t)size + 1);
+  fseek(f, 0, SEEK_SET);
+  int found = 0;
+  if (fread(bytes, 1, (size_t)size, f) == (size_t)size) {
+    for (long i = 0; i + (long)n <= size && !found; ++i) {
+      if (memcmp(bytes + i, pattern, n) != 0) continue;
+      char c = (char)(bytes[i + 5] ^ 0x40);
+      fseek(f, i + 5, SEEK_SET);
+      found = fwrite(&c, 1, 1, f) == 1;
+    }
+  }
+  fclose(f);
+  free(bytes);
+  return found;
+}
+
+/* Checkpointer and load options reach the library: defaults, refusal of bad values, keep_last
+ * retention, and verify (a flipped byte fails a verified load and passes an unverified one). */
+static void options_round_trip(const char* root) {
+  h5ckpt_checkpointer_options_t co;
+  h5ckpt_checkpointer_options_init(&co);
+  CHECK(co.timeout_s == 600 && co.keep_last == 0 && co.keep_every == 0 && co.io_threads == 1 && co.staging_bytes == 0,
+        "checkpointer defaults");
+  h5ckpt_load_options_t lo;
+  h5ckpt_load_options_init(&lo);
+  CHECK(lo.strict == 1 && lo.convert_dtype == 1 && lo.verify == 1 && lo.zero_redundancy == 1, "load defaults");
+  h5ckpt_save_options_t so;
+  h5ckpt_save_options_init(&so);
+  CHECK(so.device_stream == NULL, "device_stream default");
+
+  h5ckpt_topology_t* topo = NULL;
+  h5ckpt_checkpointer_t* ck = NULL;
+  OK(h5ckpt_topology_create(MPI_COMM_WORLD, 1, g_size, 1, &topo));
+  co.keep_last = -1;
+  int rc = h5ckpt_checkpointer_create_with_options(topo, &co, &ck);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT && ck == NULL, "keep_last -1 refused -> %d", rc);
+  co.keep_last = 1;
+  co.timeout_s = 120;
+  OK(h5ckpt_checkpointer_create_with_options(topo, &co, &ck));
+
+  enum { N = 4096 };
+  float* x = malloc(sizeof(float) * N);
+  for (int i = 0; i < N; ++i) x[i] = 0.5f + (float)i * 0.25f;
+  const int64_t shape[1] = {N};
+  h5ckpt_state_t* st = NULL;
+  OK(h5ckpt_state_create(&st));
+  OK(h5ckpt_state_add_replicated(st, "model/x", H5CKPT_F32, 1, shape, x));
+  char dir[4200], s1[4300], s2[4300], data[4400];
+  snprintf(dir, sizeof dir, "%s/kept", root);
+  snprintf(s1, sizeof s1, "%s/step-1", dir);
+  snprintf(s2, sizeof s2, "%s/step-2", dir);
+  if (g_rank == 0) mkdir(dir, 0755);
+  MPI_Barrier(MPI_COMM_WORLD);
+  so.step = 1;
+  OK(h5ckpt_save(ck, st, s1, &so));
+  so.step = 2;
+  OK(h5ckpt_save(ck, st, s2, &so));
+  struct stat sb;
+  CHECK(stat(s1, &sb) != 0 && stat(s2, &sb) == 0, "keep_last=1 left step-1 %s", stat(s1, &sb) == 0 ? "behind" : "?");
+
+  snprintf(data, sizeof data, "%s/data.h5", s2);
+  if (g_rank == 0) CHECK(flip_pattern(data, x + 100, 64), "pattern found in %s", data);
+  MPI_Barrier(MPI_COMM_WORLD);
+  float* y = malloc(sizeof(float) * N);
+  h5ckpt_state_t* back = NULL;
+  OK(h5ckpt_state_create(&back));
+  OK(h5ckpt_state_add_replicated(back, "model/x", H5CKPT_F32, 1, shape, y));
+  rc = h5ckpt_load_with_options(ck, back, s2, &lo);
+  CHECK(rc == H5CKPT_CORRUPT && strstr(h5ckpt_last_error(), "checksum mismatch") &&
+            strstr(h5ckpt_last_error(), "model/x"),
+        "verified load of a flipped byte -> %d (%s)", rc, h5ckpt_last_error());
+  lo.verify = 0;
+  OK(h5ckpt_load_with_options(ck, back, s2, &lo));
+  int differ = 0;
+  for (int i = 0; i < N; ++i) differ += y[i] != x[i];
+  CHECK(differ == 1, "unverified load delivers the flipped element (%d differ)", differ);
+  h5ckpt_state_free(back);
+  h5ckpt_state_free(st);
+  h5ckpt_checkpointer_free(ck);
+  h5ckpt_topology_free(topo);
+  free(x);
+  free(y);
+}
+
 static void check_argument_errors(void) {
   h5ckpt_state_t* st = NULL;
   OK(h5ckpt_state_create(&st));
@@ -356,6 +447,7 @@ int main(int argc, char** argv) {
   load_dp_layout(ckpt);
   async_round_trip(async_ckpt);
   check_info(ckpt, root);
+  options_round_trip(root);
 
   int total = 0;
   MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -306,7 +306,7 @@ TEST_F(CommitSafety, RetentionKeepsTheRightSet) {
   CheckpointerOptions co;
   co.keep_last = 3;
   co.keep_every = 4;
-  co.metrics = false;
+  co.metrics = true;  // <checkpoint>.save.json beside each: deleted with its checkpoint
   VersionedState s(0, true);
   Checkpointer ck(*topo_, co);  // asynchronous saves: retention runs on the writer thread
   auto name = [](int64_t step) {
@@ -318,6 +318,16 @@ TEST_F(CommitSafety, RetentionKeepsTheRightSet) {
     std::set<std::string> out;
     for (const auto& e : fs::directory_iterator(dir))
       if (e.is_directory()) out.insert(e.path().filename().string());
+    return out;
+  };
+  auto metrics_listing = [&] {
+    std::set<std::string> out;
+    const std::string suffix = ".save.json";
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string f = e.path().filename().string();
+      if (f.size() > suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0)
+        out.insert(f.substr(0, f.size() - suffix.size()));
+    }
     return out;
   };
   auto save_step = [&](int64_t step, bool update_latest) {
@@ -336,7 +346,10 @@ TEST_F(CommitSafety, RetentionKeepsTheRightSet) {
     std::set<std::string> want;
     for (int64_t k = std::max<int64_t>(1, step - 2); k <= step; ++k) want.insert(name(k));
     for (int64_t k = 4; k <= step; k += 4) want.insert(name(k));
-    on_rank0([&] { EXPECT_EQ(listing(), want) << "after step " << step; });
+    on_rank0([&] {
+      EXPECT_EQ(listing(), want) << "after step " << step;
+      EXPECT_EQ(metrics_listing(), want) << "metrics files after step " << step;
+    });
   }
   // `latest` left on step 10: the new step 11 and step 10 both stay.
   save_step(11, false);

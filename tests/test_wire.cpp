@@ -116,13 +116,15 @@ TEST(Wire, RequestsChecksumsAndPairsRoundTrip) {
   }
   expect_rejects_truncations_and_trailers(rmsg, decode_requests, "decode_requests");
 
-  const std::vector<RegionChecksum> sums{{0, 1, 0x1234567890abcdefull}, {3, 0, 42}};
+  const std::vector<RegionChecksum> sums{{0, 1, 1 << 20, {0x1234567890abcdefull, 7}}, {3, 0, 0, {}}};
   const std::string cmsg = encode_checksums(sums);
   auto cback = decode_checksums(cmsg);
   ASSERT_TRUE(cback.ok());
   ASSERT_EQ(cback->size(), 2u);
-  EXPECT_EQ((*cback)[0].xxh3, sums[0].xxh3);
+  EXPECT_EQ((*cback)[0].blocks, sums[0].blocks);
+  EXPECT_EQ((*cback)[0].block_bytes, sums[0].block_bytes);
   EXPECT_EQ((*cback)[1].tensor, 3);
+  EXPECT_TRUE((*cback)[1].blocks.empty());
   expect_rejects_truncations_and_trailers(cmsg, decode_checksums, "decode_checksums");
   EXPECT_FALSE(decode_checksums(with_count(cmsg, 3)).ok());
 

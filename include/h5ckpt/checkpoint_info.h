@@ -23,7 +23,12 @@ inline constexpr const char* kLatestFileName = "latest";
 struct SavedRegion {
   ShardSpec shard;
   int writer_rank = -1;
-  uint64_t checksum = 0;  ///< xxh3-64 of the region's elements in canonical order (0: none)
+  uint64_t checksum = 0;  ///< xxh3-64 of the region's elements in canonical order (0: none; format v1)
+  /// Verification blocks: the region's canonical byte stream cut every `block_bytes` bytes (a
+  /// whole number of outermost-dimension slabs), each block's xxh3-64 seeded with the region's
+  /// identity (key, dtype, shape, region) and the block index. Loads check every block they read.
+  uint64_t block_bytes = 0;  ///< 0: no blocks (checkpoints written before blocks existed)
+  std::vector<uint64_t> block_checksums;
 };
 
 /// What the metadata says about one stored tensor.

@@ -41,8 +41,12 @@ struct LoadOptions {
   bool strict = true;
   /// Allow float-to-float conversion (round to nearest even) when the saved dtype differs.
   bool convert_dtype = true;
-  /// Also re-read every saved region once (split over the ranks) and check its xxh3 checksum;
-  /// costs one more read of the checkpoint.
+  /// Check every byte delivered against the checksums recorded at save time (per block of about
+  /// 1 MiB of each saved region), as it is read: reads widen to whole blocks, nothing is read
+  /// twice. A mismatch fails the load with kCorrupt naming the tensor, region and block.
+  bool verify = true;
+  /// Also re-read every saved region once (split over the ranks) and check it, including the
+  /// parts no rank asked for; costs one more read of the checkpoint.
   bool verify_checksums = false;
   /// Zero-redundancy loading: when several ranks want identical bytes (DP replicas), one of them
   /// (balanced by bytes) reads them from storage and sends them to the others.

@@ -121,6 +121,21 @@ H5CKPT_API void h5ckpt_state_free(h5ckpt_state_t* state);
  * save). `topo` must outlive the checkpointer. Not collective. */
 H5CKPT_API int h5ckpt_checkpointer_create(const h5ckpt_topology_t* topo, uint64_t staging_bytes,
                                           h5ckpt_checkpointer_t** out);
+/* Settings of a checkpointer (CheckpointerOptions in the C++ API, docs/configuration.md). */
+typedef struct h5ckpt_checkpointer_options {
+  uint64_t staging_bytes; /* bound of the host staging pool of save_async (0: largest save) */
+  double timeout_s;       /* deadline of every wait for other ranks; then MPI_Abort (default 600; 0: none) */
+  int64_t keep_last;      /* keep the N newest checkpoints of the directory saved into (default 0: all) */
+  int64_t keep_every;     /* with keep_last: also keep steps that are multiples of K (default 0) */
+  int io_threads;         /* threads reading from storage during a load (default 1) */
+} h5ckpt_checkpointer_options_t;
+
+/* Fills `options` with the defaults above. */
+H5CKPT_API void h5ckpt_checkpointer_options_init(h5ckpt_checkpointer_options_t* options);
+/* As h5ckpt_checkpointer_create, with all settings. Negative values are refused. Not collective. */
+H5CKPT_API int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
+                                                       const h5ckpt_checkpointer_options_t* options,
+                                                       h5ckpt_checkpointer_t** out);
 /* A string attribute stored in the metadata of the following saves. */
 H5CKPT_API int h5ckpt_checkpointer_set_attribute(h5ckpt_checkpointer_t* ck, const char* name, const char* value);
 /* Waits for a save_async in flight, then frees. */
@@ -131,6 +146,9 @@ typedef struct h5ckpt_save_options {
   int overwrite;     /* replace an existing checkpoint at `path` (default 0) */
   int update_latest; /* point <parent>/latest at the new checkpoint (default 1) */
   int64_t step;      /* stored in the metadata (default -1: none) */
+  /* Device buffers: the cudaStream_t after whose queued work the state is final (the snapshot
+   * waits for it on the device). NULL (default): the device is synchronized first. */
+  void* device_stream;
 } h5ckpt_save_options_t;
 
 /* Fills `options` with the defaults above. */
@@ -157,6 +175,19 @@ H5CKPT_API void h5ckpt_save_handle_free(h5ckpt_save_handle_t* handle);
  * missing keys are skipped and their buffers left untouched. Float dtypes are converted when
  * the saved one differs. Collective. */
 H5CKPT_API int h5ckpt_load(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path, int strict);
+
+typedef struct h5ckpt_load_options {
+  int strict;          /* every key must exist with the same global shape (default 1) */
+  int convert_dtype;   /* float-to-float conversion when the saved dtype differs (default 1) */
+  int verify;          /* check every byte read against the saved block checksums (default 1) */
+  int zero_redundancy; /* replicas read once and sent to the others (default 1) */
+} h5ckpt_load_options_t;
+
+/* Fills `options` with the defaults above. */
+H5CKPT_API void h5ckpt_load_options_init(h5ckpt_load_options_t* options);
+/* h5ckpt_load with all options (`options` may be NULL: defaults). Collective. */
+H5CKPT_API int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path,
+                                        const h5ckpt_load_options_t* options);
 
 /* ---- checkpoint metadata (no MPI needed) ---------------------------------------------------- */
 

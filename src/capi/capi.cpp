@@ -89,6 +89,7 @@ h5ckpt::SaveOptions save_options(const h5ckpt_save_options_t* o) {
     s.overwrite = o->overwrite != 0;
     s.update_latest = o->update_latest != 0;
     s.step = o->step;
+    s.device_stream = o->device_stream;
   }
   return s;
 }
@@ -209,6 +210,40 @@ int h5ckpt_checkpointer_create(const h5ckpt_topology_t* topo, uint64_t staging_b
   });
 }
 
+void h5ckpt_checkpointer_options_init(h5ckpt_checkpointer_options_t* options) {
+  if (!options) return;
+  const h5ckpt::CheckpointerOptions d;
+  options->staging_bytes = d.staging_bytes;
+  options->timeout_s = d.timeout_s;
+  options->keep_last = d.keep_last;
+  options->keep_every = d.keep_every;
+  options->io_threads = d.io_threads;
+}
+
+int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
+                                            const h5ckpt_checkpointer_options_t* options,
+                                            h5ckpt_checkpointer_t** out) {
+  return guarded("h5ckpt_checkpointer_create_with_options", [&] {
+    const char* where = "h5ckpt_checkpointer_create_with_options: ";
+    if (!out) return fail(ErrorCode::kInvalidArgument, std::string(where) + "out is NULL");
+    *out = nullptr;
+    if (!topo) return fail(ErrorCode::kInvalidArgument, std::string(where) + "topology is NULL");
+    h5ckpt::CheckpointerOptions o;
+    if (options) {
+      if (!(options->timeout_s >= 0) || options->keep_last < 0 || options->keep_every < 0 || options->io_threads < 1)
+        return fail(ErrorCode::kInvalidArgument,
+                    std::string(where) + "timeout_s, keep_last and keep_every must be >= 0 and io_threads >= 1");
+      o.staging_bytes = options->staging_bytes;
+      o.timeout_s = options->timeout_s;
+      o.keep_last = options->keep_last;
+      o.keep_every = options->keep_every;
+      o.io_threads = options->io_threads;
+    }
+    *out = new h5ckpt_checkpointer(topo->topo, o);
+    return kOk;
+  });
+}
+
 int h5ckpt_checkpointer_set_attribute(h5ckpt_checkpointer_t* ck, const char* name, const char* value) {
   return guarded("h5ckpt_checkpointer_set_attribute", [&] {
     if (!ck || !name || !value)
@@ -227,6 +262,7 @@ void h5ckpt_save_options_init(h5ckpt_save_options_t* options) {
   options->overwrite = d.overwrite;
   options->update_latest = d.update_latest;
   options->step = d.step;
+  options->device_stream = d.device_stream;
 }
 
 int h5ckpt_save(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,
@@ -273,6 +309,30 @@ int h5ckpt_load(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* pa
     if (!ck || !state || !path) return fail(ErrorCode::kInvalidArgument, "h5ckpt_load: NULL argument");
     h5ckpt::LoadOptions o;
     o.strict = strict != 0;
+    return report(ck->ck.load(state->dict, path, o).status());
+  });
+}
+
+void h5ckpt_load_options_init(h5ckpt_load_options_t* options) {
+  if (!options) return;
+  const h5ckpt::LoadOptions d;
+  options->strict = d.strict;
+  options->convert_dtype = d.convert_dtype;
+  options->verify = d.verify;
+  options->zero_redundancy = d.zero_redundancy;
+}
+
+int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path,
+                             const h5ckpt_load_options_t* options) {
+  return guarded("h5ckpt_load_with_options", [&] {
+    if (!ck || !state || !path) return fail(ErrorCode::kInvalidArgument, "h5ckpt_load_with_options: NULL argument");
+    h5ckpt::LoadOptions o;
+    if (options) {
+      o.strict = options->strict != 0;
+      o.convert_dtype = options->convert_dtype != 0;
+      o.verify = options->verify != 0;
+      o.zero_redundancy = options->zero_redundancy != 0;
+    }
     return report(ck->ck.load(state->dict, path, o).status());
   });
 }

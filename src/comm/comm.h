@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 

@@ -68,6 +68,7 @@ const KeyDef kKeys[] = {
     {"load", "strict", "H5CKPT_LOAD_STRICT", Kind::kBool, [](Config& c, const Value& v) { c.load.strict = b(v); }},
     {"load", "convert_dtype", "H5CKPT_CONVERT_DTYPE", Kind::kBool,
      [](Config& c, const Value& v) { c.load.convert_dtype = b(v); }},
+    {"load", "verify", "H5CKPT_LOAD_VERIFY", Kind::kBool, [](Config& c, const Value& v) { c.load.verify = b(v); }},
     {"load", "verify_checksums", "H5CKPT_VERIFY_CHECKSUMS", Kind::kBool,
      [](Config& c, const Value& v) { c.load.verify_checksums = b(v); }},
     {"load", "zero_redundancy", "H5CKPT_ZERO_REDUNDANCY", Kind::kBool,

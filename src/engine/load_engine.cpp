@@ -23,6 +23,7 @@
 #include "storage/commit.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
+#include "storage/verify_blocks.h"
 #include "util/checked_math.h"
 #include "util/dtype_convert.h"
 #include "util/phase.h"
@@ -154,8 +155,12 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
 
   Status local;
   auto r = storage::RegionReader::open(run.data_file);
-  if (r.ok()) run.reader.emplace(std::move(r).value());
-  else local = r.status();
+  if (r.ok()) {
+    run.reader.emplace(std::move(r).value());
+    run.reader->set_verify(run.options.verify);
+  } else {
+    local = r.status();
+  }
   run.wants = describe_wants(run.state);
   const uint64_t meta_hash = XXH3_64bits(json.data(), json.size());
   const uint64_t req_hash = request_hash(run.wants, run.options);
@@ -339,6 +344,15 @@ Status execute_aggregated(LoadRun& run) {
   const CheckpointInfo& info = *run.cache.info;
   std::vector<ReadPiece> pieces;
   std::vector<std::pair<int, std::vector<char>>> converted;  // item, bytes in the stored dtype
+  struct Checked {
+    int item;
+    const TensorInfo* tensor;
+    storage::CheckedSpan span;
+    Box want;
+    std::vector<char> bytes;  // the span's whole blocks, stored dtype
+  };
+  std::vector<Checked> checked;
+  Status prep;
   for (const ReadItem& r : run.cache.plan.items) {
     StateItem& it = run.state.items()[r.item];
     if (r.stored.file_offset < 0) continue;  // empty tensor
@@ -353,15 +367,39 @@ Status execute_aggregated(LoadRun& run) {
     }
     const planner::Frame src{Box{Shape(r.stored.shape.size(), 0), r.stored.shape}, 0};
     const planner::Frame frame = planner::frame_of(it.shard);
-    for (const Box& box : r.boxes)
-      planner::for_each_run(box, src, frame, [&](int64_t si, int64_t di, int64_t count) {
+    auto want_pieces = [&](const Box& box, const planner::Frame& to, char* base) {
+      planner::for_each_run(box, src, to, [&](int64_t si, int64_t di, int64_t count) {
         pieces.push_back({static_cast<uint64_t>(r.stored.file_offset) + static_cast<uint64_t>(si) * es,
-                          static_cast<uint64_t>(count) * es, dst + static_cast<uint64_t>(di) * es});
+                          static_cast<uint64_t>(count) * es, base + static_cast<uint64_t>(di) * es});
       });
+    };
+    const TensorInfo* t = info.find(it.key);
+    for (const Box& box : r.boxes) {
+      if (!run.options.verify) {
+        want_pieces(box, frame, dst);
+        continue;
+      }
+      // Verified: whole blocks land in a buffer of their own, checked and copied out after.
+      auto spans = storage::checked_spans(*t, box);
+      if (!spans.ok()) {  // still take part in the collective read below
+        if (prep.ok()) prep = spans.status().with_context("key '" + it.key + "'");
+        continue;
+      }
+      for (const auto& span : *spans) {
+        if (!span.verified) {
+          for (const Box& piece : storage::span_boxes(*t, span))
+            if (auto p = planner::intersect(piece, box)) want_pieces(*p, frame, dst);
+          continue;
+        }
+        checked.push_back({r.item, t, span, box, std::vector<char>(static_cast<size_t>(span.end - span.begin) * es)});
+        const planner::Frame to = storage::span_frame(*t, span);
+        for (const Box& piece : storage::span_boxes(*t, span)) want_pieces(piece, to, checked.back().bytes.data());
+      }
+    }
   }
-  Status local;
+  Status local = prep;
   auto done = aggregated_read(run.world(), run.data_file, std::move(pieces), run.options.read_window_bytes, run.pool);
-  if (done.ok()) {
+  if (done.ok() && local.ok()) {
     run.report.bytes_read += done->bytes_read;
     run.report.bytes_sent += done->bytes_sent;
     run.report.bytes_received += done->bytes_received;
@@ -372,7 +410,15 @@ Status execute_aggregated(LoadRun& run) {
         break;
       }
     }
-  } else {
+    for (const Checked& c : checked) {  // after the conversions, which rewrite whole items
+      if (!local.ok()) break;
+      local = storage::check_span(*c.tensor, c.span, c.bytes.data()).with_context("key '" + c.tensor->key + "'");
+      StateItem& it = run.state.items()[c.item];
+      if (local.ok())
+        storage::copy_span_out(*c.tensor, c.span, c.bytes.data(), c.want, planner::frame_of(it.shard), it.dtype,
+                               it.data);
+    }
+  } else if (local.ok()) {
     local = done.status();
   }
   run.report.read_s = now_s() - run.t0 - run.report.plan_s;
@@ -437,12 +483,17 @@ Status execute_per_item(LoadRun& run) {
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> extra_bytes{0};
   auto worker = [&](storage::RegionReader* rdr) {
+    PhaseScope scope("load", "read");  // a stuck read names its phase in the deadline report
     std::optional<storage::RegionReader> own;
     Status open_st;
     if (!rdr) {
       auto o = storage::RegionReader::open(run.data_file);
-      if (o.ok()) own.emplace(std::move(o).value());
-      else open_st = o.status();
+      if (o.ok()) {
+        own.emplace(std::move(o).value());
+        own->set_verify(run.options.verify);
+      } else {
+        open_st = o.status();
+      }
       rdr = own ? &*own : nullptr;
     }
     for (size_t n; (n = next.fetch_add(1)) < reads.size();) {

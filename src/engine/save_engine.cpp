@@ -14,6 +14,7 @@
 #include "metrics/log.h"
 #include "metrics/report.h"
 #include "storage/checkpoint_commit.h"
+#include "storage/verify_blocks.h"
 #include "storage/commit.h"
 #include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
@@ -321,19 +322,22 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
     if (d.ok()) direct.emplace(std::move(d).value());
     else local = d.status();
   }
-  XXH3_state_t* hs = XXH3_createState();
-  bool region_open = false;
+  std::optional<storage::BlockHasher> hasher;  // of the region whose pieces are streaming by
   job.checksums.clear();
   while (auto sourced = source.next()) {
     if (local.ok()) local = source.status();  // a failed staging copy: its bytes are not there
     const planner::WriteItem& w = *sourced->write;
     if (local.ok()) {
-      if (job.options.checksums) {
-        if (!region_open) XXH3_64bits_reset(hs);
-        XXH3_64bits_update(hs, sourced->data, w.bytes);
-        region_open = !w.region_end;
-      }
       const auto& t = tensors[w.tensor];
+      const ShardSpec& region = t.regions[w.region].shard;
+      if (job.options.checksums) {
+        if (!hasher) {
+          const uint64_t region_bytes = static_cast<uint64_t>(region.numel()) * dtype_size(t.dtype);
+          hasher.emplace(storage::region_identity(t.key, t.dtype, t.shape, region),
+                         storage::choose_block_bytes(region, t.dtype), region_bytes);
+        }
+        hasher->update(sourced->data, w.bytes);
+      }
       if (direct) {
         local = direct->write(job.offsets[w.tensor], t.shape, t.dtype, w.box, sourced->data);
       } else {
@@ -342,12 +346,18 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
       }
       local = local.with_context("key '" + t.key + "'");
       job.report.bytes_written += w.bytes;
-      if (w.region_end)
-        job.checksums.push_back({w.tensor, w.region, job.options.checksums ? XXH3_64bits_digest(hs) : 0});
+      if (w.region_end) {
+        wire::RegionChecksum sum{w.tensor, w.region, 0, {}};
+        if (hasher) {
+          sum.block_bytes = storage::choose_block_bytes(region, t.dtype);
+          sum.blocks = hasher->finish();
+          hasher.reset();
+        }
+        job.checksums.push_back(std::move(sum));
+      }
     }
     source.done(*sourced);
   }
-  XXH3_freeState(hs);
   const double t_pieces = now_s();
   if (direct) {
     job.report.bytes_direct = direct->direct_bytes();
@@ -384,18 +394,18 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
     if (st.ok()) {
       storage::SavedCheckpoint saved{&tensors,         job.offsets,   {}, job.options.step, comms.sizes,
                                      comms.all_coords, job.attributes};
-      saved.checksums.resize(tensors.size());
-      for (size_t t = 0; t < tensors.size(); ++t) saved.checksums[t].assign(tensors[t].regions.size(), 0);
+      saved.blocks.resize(tensors.size());
+      for (size_t t = 0; t < tensors.size(); ++t) saved.blocks[t].resize(tensors[t].regions.size());
       for (size_t r = 0; r < gathered->size() && st.ok(); ++r) {
         auto sums = wire::decode_checksums((*gathered)[r]);
         if (!sums.ok()) st = sums.status().with_context("from rank " + std::to_string(r));
-        for (const auto& s : sums.ok() ? *sums : std::vector<wire::RegionChecksum>{}) {
+        for (auto& s : sums.ok() ? *sums : std::vector<wire::RegionChecksum>{}) {
           if (s.tensor < 0 || s.tensor >= (int)tensors.size() || s.region < 0 ||
               s.region >= (int)tensors[s.tensor].regions.size()) {
             st = Status(ErrorCode::kInternal, "checksum of an unknown region from rank " + std::to_string(r));
             break;
           }
-          saved.checksums[s.tensor][s.region] = s.xxh3;
+          saved.blocks[s.tensor][s.region] = {s.block_bytes, std::move(s.blocks)};
         }
       }
       if (st.ok())

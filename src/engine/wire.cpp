@@ -13,7 +13,7 @@ constexpr size_t kMinTensorBytes = 8 + 1 + 8 + 8;
 constexpr size_t kMinRegionBytes = 8 + 8 + 1 + 4;
 constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
 constexpr size_t kMinRequestBytes = 1 + 8 + 8;  // flags, signature length, bytes
-constexpr size_t kChecksumBytes = 4 + 4 + 8;
+constexpr size_t kChecksumBytes = 4 + 4 + 8 + 8;  // without its blocks
 
 void put_shard(ByteWriter& w, const ShardSpec& s) {
   w.put_vec(s.box.offset);
@@ -174,7 +174,9 @@ std::string encode_checksums(const std::vector<RegionChecksum>& sums) {
   for (const auto& s : sums) {
     w.put<int32_t>(s.tensor);
     w.put<int32_t>(s.region);
-    w.put<uint64_t>(s.xxh3);
+    w.put<uint64_t>(s.block_bytes);
+    w.put<uint64_t>(s.blocks.size());
+    for (uint64_t b : s.blocks) w.put<uint64_t>(b);
   }
   return std::move(w.str());
 }
@@ -185,7 +187,10 @@ Result<std::vector<RegionChecksum>> decode_checksums(const std::string& bytes) {
   for (auto& s : sums) {
     s.tensor = r.get<int32_t>();
     s.region = r.get<int32_t>();
-    s.xxh3 = r.get<uint64_t>();
+    s.block_bytes = r.get<uint64_t>();
+    s.blocks.resize(r.get_count(sizeof(uint64_t)));
+    for (auto& b : s.blocks) b = r.get<uint64_t>();
+    if (!r.ok()) break;
   }
   if (!r.ok() || !r.at_end()) return malformed("checksum");
   return sums;

@@ -36,11 +36,12 @@ Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes);
 std::string encode_roles(const std::vector<planner::ItemRole>& roles);
 Result<std::vector<planner::ItemRole>> decode_roles(const std::string& bytes);
 
-/// Save commit, up to the coordinator: the checksum of every region a rank wrote.
+/// Save commit, up to the coordinator: the verification blocks of every region a rank wrote.
 struct RegionChecksum {
   int32_t tensor = -1;
   int32_t region = -1;
-  uint64_t xxh3 = 0;
+  uint64_t block_bytes = 0;     ///< 0: saved without checksums
+  std::vector<uint64_t> blocks;  ///< xxh3 of each block (storage/verify_blocks.h)
 };
 std::string encode_checksums(const std::vector<RegionChecksum>& sums);
 Result<std::vector<RegionChecksum>> decode_checksums(const std::string& bytes);

@@ -28,9 +28,14 @@ CheckpointInfo assemble_info(const SavedCheckpoint& saved) {
     ti.shape = tensors[t].shape;
     ti.nbytes = tensors[t].nbytes();
     ti.file_offset = saved.offsets[t];
-    for (size_t r = 0; r < tensors[t].regions.size(); ++r)
-      ti.regions.push_back(
-          SavedRegion{tensors[t].regions[r].shard, tensors[t].regions[r].writer, saved.checksums[t][r]});
+    for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
+      SavedRegion region{tensors[t].regions[r].shard, tensors[t].regions[r].writer, 0, 0, {}};
+      if (t < saved.blocks.size() && r < saved.blocks[t].size()) {
+        region.block_bytes = saved.blocks[t][r].block_bytes;
+        region.block_checksums = saved.blocks[t][r].sums;
+      }
+      ti.regions.push_back(std::move(region));
+    }
     info.tensors.push_back(std::move(ti));
   }
   return info;

@@ -17,8 +17,13 @@ namespace h5ckpt::storage {
 struct SavedCheckpoint {
   const std::vector<planner::TensorPlan>* tensors = nullptr;
   std::vector<int64_t> offsets;  ///< file offset of every dataset (index = tensor)
-  /// checksums[t][r]: xxh3 of region r of tensor t (0: none)
-  std::vector<std::vector<uint64_t>> checksums;
+  /// blocks[t][r]: verification blocks of region r of tensor t (storage/verify_blocks.h);
+  /// block size 0: saved without checksums
+  struct Blocks {
+    uint64_t block_bytes = 0;
+    std::vector<uint64_t> sums;
+  };
+  std::vector<std::vector<Blocks>> blocks;
   int64_t step = -1;
   ParallelSizes sizes;
   std::vector<RankCoords> coords;

@@ -1,5 +1,7 @@
 #include "storage/metadata.h"
 
+#include "storage/verify_blocks.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -121,7 +123,7 @@ std::string metadata_to_json(const CheckpointInfo& info) {
   // from none, so a region whose sum is 0 (odds 2^-64) writes false, which only weakens the check.
   bool all_sums = true;
   for (const auto& t : info.tensors)
-    for (const auto& r : t.regions) all_sums = all_sums && r.checksum != 0;
+    for (const auto& r : t.regions) all_sums = all_sums && (r.checksum != 0 || !r.block_checksums.empty());
   j["checksums"] = all_sums;
   for (const auto& t : info.tensors) {
     json jt;
@@ -138,6 +140,11 @@ std::string metadata_to_json(const CheckpointInfo& info) {
       if (r.shard.flat) jr["flat"] = {r.shard.flat->first, r.shard.flat->second};
       jr["writer"] = r.writer_rank;
       if (r.checksum) jr["xxh3"] = hex64(r.checksum);
+      if (!r.block_checksums.empty()) {
+        json sums = json::array();
+        for (uint64_t b : r.block_checksums) sums.push_back(hex64(b));
+        jr["blocks"] = {{"bytes", r.block_bytes}, {"xxh3", std::move(sums)}};
+      }
       regions.push_back(std::move(jr));
     }
     jt["regions"] = std::move(regions);
@@ -205,7 +212,7 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
   } else if (auto ts = j.find("tensors"); ts != j.end() && ts->is_array()) {
     for (const auto& jt : *ts)
       if (auto rs = jt.find("regions"); jt.is_object() && rs != jt.end() && rs->is_array())
-        for (const auto& jr : *rs) need_sums = need_sums || (jr.is_object() && jr.contains("xxh3"));
+        for (const auto& jr : *rs) need_sums = need_sums || (jr.is_object() && (jr.contains("xxh3") || jr.contains("blocks")));
   }
 
   const auto tensors = j.find("tensors");
@@ -255,16 +262,36 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
       }
       if (!get_int(jr, "writer", &r.writer_rank) || r.writer_rank < 0 || (world > 0 && r.writer_rank >= world))
         return bad("region writer rank invalid");
-      std::string x;
-      if (get_str(jr, "xxh3", &x)) {
-        if (x.size() != 16 || x.find_first_not_of("0123456789abcdef") != std::string::npos)
-          return bad("malformed region checksum");
-        r.checksum = std::stoull(x, nullptr, 16);
-      } else if (need_sums) {
-        return bad("region " + to_string_spec(r.shard) + " has no checksum in a checkpoint saved with checksums");
-      }
+      auto parse_hex = [](const json& v, uint64_t* out) {
+        if (!v.is_string()) return false;
+        const std::string& x = v.get_ref<const std::string&>();
+        if (x.size() != 16 || x.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+        *out = std::stoull(x, nullptr, 16);
+        return true;
+      };
+      if (auto x = jr.find("xxh3"); x != jr.end() && !parse_hex(*x, &r.checksum))
+        return bad("malformed region checksum");
       if (auto st = r.shard.validate(t.shape); !st.ok()) return corrupt(st.message()).with_context(t.key);
       if (r.shard.numel() == 0) return bad("empty region");
+      if (auto bl = jr.find("blocks"); bl != jr.end()) {
+        // Whole slabs (so a read widens by rows), and exactly as many sums as blocks.
+        const uint64_t slab = region_slab_bytes(r.shard, t.dtype);
+        const auto sums = bl->is_object() ? bl->find("xxh3") : bl->end();
+        int64_t bb = 0;
+        if (!bl->is_object() || !get_int(*bl, "bytes", &bb) || bb <= 0 || static_cast<uint64_t>(bb) % slab != 0 ||
+            sums == bl->end() || !sums->is_array())
+          return bad("malformed verification blocks of region " + to_string_spec(r.shard));
+        r.block_bytes = static_cast<uint64_t>(bb);
+        const uint64_t region_bytes = static_cast<uint64_t>(r.shard.numel()) * dtype_size(t.dtype);
+        if (sums->size() != block_count(region_bytes, r.block_bytes))
+          return bad("region " + to_string_spec(r.shard) + " lists " + std::to_string(sums->size()) +
+                     " block checksums for " + std::to_string(block_count(region_bytes, r.block_bytes)) + " blocks");
+        r.block_checksums.resize(sums->size());
+        for (size_t k = 0; k < sums->size(); ++k)
+          if (!parse_hex((*sums)[k], &r.block_checksums[k])) return bad("malformed block checksum");
+      }
+      if (need_sums && r.checksum == 0 && r.block_checksums.empty())
+        return bad("region " + to_string_spec(r.shard) + " has no checksum in a checkpoint saved with checksums");
       if (!checked_add(covered, r.shard.numel(), &covered)) covered = INT64_MAX;
       for (auto& b : planner::shard_boxes(r.shard)) {
         pieces.push_back(std::move(b));

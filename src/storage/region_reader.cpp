@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "storage/posix_io.h"
+#include "storage/verify_blocks.h"
 #include "util/dtype_convert.h"
 
 namespace h5ckpt::storage {
@@ -19,6 +20,9 @@ constexpr uint64_t kBounceBytes = 8u << 20;  // span read at once when runs are 
 constexpr uint64_t kSmallGapBytes = 1u << 10;
 constexpr uint64_t kTinyRunBytes = 512;
 constexpr uint64_t kMaxGapForTinyRuns = 64u << 10;
+// Whole verification blocks read, checked and copied out at once: cache-sized, so the checksum
+// and the copy see the bytes while they are still in cache.
+constexpr uint64_t kVerifyChunkBytes = 4u << 20;
 }  // namespace
 
 Result<RegionReader> RegionReader::open(const std::string& data_file) {
@@ -36,7 +40,14 @@ Result<RegionReader> RegionReader::open(const std::string& data_file) {
 }
 
 RegionReader::RegionReader(RegionReader&& o) noexcept
-    : fd_(o.fd_), size_(o.size_), bytes_read_(o.bytes_read_), path_(std::move(o.path_)), bounce_(std::move(o.bounce_)) {
+    : fd_(o.fd_),
+      verify_(o.verify_),
+      widened_bytes_(o.widened_bytes_),
+      verify_buf_(std::move(o.verify_buf_)),
+      size_(o.size_),
+      bytes_read_(o.bytes_read_),
+      path_(std::move(o.path_)),
+      bounce_(std::move(o.bounce_)) {
   o.fd_ = -1;
 }
 
@@ -66,6 +77,46 @@ Status RegionReader::pread_exact(void* buf, uint64_t len, uint64_t off) {
 
 Status RegionReader::read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type,
                           void* dst) {
+  if (verify_ && t.file_offset >= 0) {
+    for (const SavedRegion& r : t.regions)
+      if (region_blocks(t, r).verified) return read_checked(t, region, frame, dst_type, dst);
+  }
+  return read_plain(t, region, frame, dst_type, dst);
+}
+
+Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const planner::Frame& frame, DType dst_type,
+                                  void* dst) {
+  if (t.dtype != dst_type && !(dtype_is_float(t.dtype) && dtype_is_float(dst_type)))
+    return Status(ErrorCode::kDtypeMismatch,
+                  std::string("cannot convert ") + dtype_name(t.dtype) + " to " + dtype_name(dst_type));
+  H5CKPT_ASSIGN_OR_RETURN(std::vector<CheckedSpan> spans, checked_spans(t, want));
+  const uint64_t es = dtype_size(t.dtype);
+  for (const CheckedSpan& span : spans) {
+    if (!span.verified) {  // saved without checksums: read just the wanted part
+      for (const Box& piece : span_boxes(t, span))
+        if (auto p = planner::intersect(piece, want)) H5CKPT_RETURN_IF_ERROR(read_plain(t, *p, frame, dst_type, dst));
+      continue;
+    }
+    widened_bytes_ += span.widened;
+    // Through a cache-sized buffer, whole blocks at a time: read, check, copy out.
+    const RegionBlocks rb = region_blocks(t, t.regions[span.region]);
+    const int64_t be = static_cast<int64_t>(rb.block_bytes / es);
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kVerifyChunkBytes / rb.block_bytes)) * be;
+    for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
+      const CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
+      verify_buf_.resize(static_cast<size_t>(chunk.end - chunk.begin) * es);
+      const planner::Frame f = span_frame(t, chunk);
+      for (const Box& piece : span_boxes(t, chunk))
+        H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, verify_buf_.data()));
+      H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, verify_buf_.data()));
+      copy_span_out(t, chunk, verify_buf_.data(), want, frame, dst_type, dst);
+    }
+  }
+  return Status::Ok();
+}
+
+Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type,
+                                void* dst) {
   const uint64_t es = dtype_size(t.dtype), ds = dtype_size(dst_type);
   const bool convert = t.dtype != dst_type;
   if (convert && !(dtype_is_float(t.dtype) && dtype_is_float(dst_type)))

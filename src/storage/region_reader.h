@@ -23,8 +23,16 @@ class RegionReader {
 
   /// Reads `region` (global coordinates, inside the tensor) of tensor `t` into `dst`, a buffer
   /// laid out as `frame` with elements of `dst_type` (converted with round-to-nearest-even when
-  /// it differs from the stored dtype; both must then be float types).
+  /// it differs from the stored dtype; both must then be float types). With verification on (the
+  /// default), every byte delivered is checked against the saved region's block checksums: the
+  /// read widens to whole blocks (storage/verify_blocks.h), so nothing is read twice.
   Status read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
+
+  /// Turns the block checks of read() and read_shard() off (LoadOptions::verify = false).
+  void set_verify(bool on) { verify_ = on; }
+  bool verify() const { return verify_; }
+  /// Bytes read beyond the requested ones to complete verification blocks.
+  uint64_t widened_bytes() const { return widened_bytes_; }
 
   /// Reads the part of `t` that `shard` names (a box, or a flat range of one) into `dst`, laid
   /// out as that shard's buffer: shard.numel() elements of `dst_type`. The shard must lie inside
@@ -37,7 +45,12 @@ class RegionReader {
  private:
   RegionReader() = default;
   Status pread_exact(void* buf, uint64_t len, uint64_t off);
+  Status read_plain(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
+  Status read_checked(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
   int fd_ = -1;
+  bool verify_ = true;
+  uint64_t widened_bytes_ = 0;
+  std::vector<char> verify_buf_;
   uint64_t size_ = 0;
   uint64_t bytes_read_ = 0;
   std::string path_;

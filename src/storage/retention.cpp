@@ -1,5 +1,7 @@
 #include "storage/retention.h"
 
+#include "h5ckpt/metrics_schema.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +69,12 @@ Result<RetentionOutcome> apply_retention(const std::string& root, int64_t keep_l
     if (io::rename(dir, doomed_dir) != 0) st = io::error("rename", dir + "' to '" + doomed_dir, errno);
     if (st.ok()) st = remove_tree(doomed_dir);
     if (st.ok()) {
+      // The per-save/load metrics written beside it go with it (a metrics_dir elsewhere is the
+      // user's to manage).
+      for (const char* op : {"save", "load"}) {
+        std::error_code ec;
+        fs::remove(metrics_schema::metrics_path(dir, op, ""), ec);
+      }
       outcome.deleted.push_back(name);
       continue;
     }

@@ -204,6 +204,8 @@ nlohmann::json info_to_json(const CheckpointInfo& info, bool with_regions) {
         char hex[17];
         std::snprintf(hex, sizeof hex, "%016" PRIx64, r.checksum);
         jr["xxh3"] = r.checksum ? json(hex) : json(nullptr);
+        jr["verify_blocks"] = r.block_checksums.size();
+        jr["block_bytes"] = r.block_bytes;
         regions.push_back(std::move(jr));
       }
       jt["regions"] = std::move(regions);

@@ -33,14 +33,16 @@ int run_verify(const VerifyArgs& a) {
     return worst;
   }
 
+  // A region is checked through its verification blocks (or, format v1, its whole-region sum).
+  auto has_sums = [](const SavedRegion& r) { return r.checksum != 0 || !r.block_checksums.empty(); };
   // Region i (over all tensors, in key order) is checked by rank i % size. One tensor at a time
   // goes to verify_checkpoint so that a bad tensor does not hide the others and the progress bar
-  // moves; regions of other ranks get checksum 0, which verify_checkpoint skips, so the region
+  // moves; regions of other ranks lose their checksums, which verify_checkpoint skips, so the region
   // numbers in its messages stay those of the metadata.
   uint64_t my_total = 0, index = 0;
   for (const auto& t : info->tensors)
     for (const auto& r : t.regions)
-      if (index++ % static_cast<uint64_t>(mpi.size()) == static_cast<uint64_t>(mpi.rank()) && r.checksum)
+      if (index++ % static_cast<uint64_t>(mpi.size()) == static_cast<uint64_t>(mpi.rank()) && has_sums(r))
         my_total += static_cast<uint64_t>(r.shard.numel()) * dtype_size(t.dtype);
 
   Progress progress(mpi.rank() == 0 && !a.no_progress && stderr_is_tty(), my_total, "verify");
@@ -54,9 +56,12 @@ int run_verify(const VerifyArgs& a) {
     bool any = false;
     for (auto& r : one.tensors[0].regions) {
       const bool mine = index++ % static_cast<uint64_t>(mpi.size()) == static_cast<uint64_t>(mpi.rank());
-      if (mine && r.checksum == 0) ++unchecked;
-      if (!mine) r.checksum = 0;
-      if (mine && r.checksum) {
+      if (mine && !has_sums(r)) ++unchecked;
+      if (!mine) {
+        r.checksum = 0;
+        r.block_checksums.clear();
+      }
+      if (mine && has_sums(r)) {
         any = true;
         ++checked;
         checked_bytes += static_cast<uint64_t>(r.shard.numel()) * dtype_size(t.dtype);

@@ -206,11 +206,36 @@ def lie_cases(c):
     c.lie("regions_dropped_one", lambda j: tensor(j, multi)["regions"].pop())
     c.lie("regions_duplicated", lambda j: tensor(j, multi)["regions"].append(tensor(j, multi)["regions"][0]))
     c.lie("regions_not_array", lambda j: tensor(j, multi).update(regions={}))
-    c.lie("region_checksum_removed", lambda j: tensor(j, multi)["regions"][0].pop("xxh3"))
-    c.lie("region_checksum_wrong", lambda j: tensor(j, multi)["regions"][0].update(xxh3="0123456789abcdef"),
+    c.lie("region_checksum_removed", lambda j: tensor(j, multi)["regions"][0].pop("blocks"))
+
+    def block_sums(j):
+        return tensor(j, multi)["regions"][0]["blocks"]["xxh3"]
+
+    c.lie("region_checksum_wrong", lambda j: block_sums(j).__setitem__(0, "0123456789abcdef"),
           load="error", verify="error")
-    c.lie("region_checksum_uppercase", lambda j: tensor(j, multi)["regions"][0].update(
-        xxh3=tensor(j, multi)["regions"][0]["xxh3"].upper()))
+    c.lie("region_checksum_uppercase", lambda j: block_sums(j).__setitem__(0, block_sums(j)[0].upper()))
+    c.lie("region_blocks_extra", lambda j: block_sums(j).append(block_sums(j)[0]))
+    c.lie("region_blocks_missing", lambda j: block_sums(j).clear())
+    c.lie("region_block_bytes_zero", lambda j: tensor(j, multi)["regions"][0]["blocks"].update(bytes=0))
+    c.lie("region_block_bytes_odd", lambda j: tensor(j, multi)["regions"][0]["blocks"].update(bytes=3))
+    c.lie("region_blocks_not_object", lambda j: tensor(j, multi)["regions"][0].update(blocks=[1, 2]))
+
+    # Consistent lies the checksums must catch because they bind key, dtype, shape and box:
+    # two same-shaped regions of one tensor trade places, and a 2-byte float is relabelled.
+    def swap_boxes(j):
+        for t in j["tensors"]:
+            same = [r for r in t["regions"] if r["shape"] == t["regions"][0]["shape"] and "flat" not in r]
+            if len(same) >= 2:
+                same[0]["offset"], same[1]["offset"] = same[1]["offset"], same[0]["offset"]
+                return
+        raise AssertionError("the corpus fixture needs a tensor with two same-shaped box regions")
+
+    c.lie("regions_swapped_boxes", swap_boxes, load="error", verify="error")
+    half = [t["key"] for t in m["tensors"] if t["dtype"] in ("bf16", "f16")]
+    if half:
+        other = {"bf16": "f16", "f16": "bf16"}
+        c.lie("dtype_half_relabelled", lambda j: tensor(j, half[0]).update(
+            dtype=other[tensor(j, half[0])["dtype"]]), load="error", verify="error")
     c.lie("checksums_flag_string", lambda j: j.update(checksums="yes"))
     c.lie("writer_2p32", lambda j: tensor(j, multi)["regions"][0].update(writer=2**32))
     c.lie("writer_negative", lambda j: tensor(j, multi)["regions"][0].update(writer=-1))
