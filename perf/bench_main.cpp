@@ -433,6 +433,8 @@ int main(int argc, char** argv) {
     plain.zero_redundancy = false;
     LoadOptions aggregated = config.load;
     aggregated.aggregate_reads = true;
+    LoadOptions unverified = config.load;  // what every load was before verification blocks
+    unverified.verify = false;
     uint64_t read_bytes = 0;
     // Cold reads vary most on this VM, so each repeat measures them in several interleaved
     // rounds: floors and loads alternate and see the same conditions.
@@ -454,6 +456,17 @@ int main(int argc, char** argv) {
       t["load_plan_s"].push_back(max_all(lr.plan_s));
       t["load_read_s"].push_back(max_all(lr.read_s));
       t["load_exchange_s"].push_back(max_all(lr.exchange_s));
+      // The same load without checking the verification blocks (LoadOptions::verify = false).
+      cold_start(sync_data, ck_begin, ck_end);
+      if (!no_prewarm) prewarm(same_sd);
+      t["load_unverified_s"].push_back(
+          timed([&] { read_bytes = check(ck.load(same_sd, sync_path, unverified), "load").bytes_read; }));
+      t["load_unverified_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+      cold_start(async_data, async_begin, async_end);
+      if (!no_prewarm) prewarm(reshard_sd);
+      t["reshard_load_unverified_s"].push_back(timed([&] {
+        read_bytes = check(ck_reshard.load(reshard_sd, async_path, unverified), "reshard load").bytes_read;
+      }));
       // The same load with every DP replica reading for itself (zero-redundancy off).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
@@ -513,7 +526,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> order = {
         "raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s",        "sync_save_s",
         "async_block_s",    "async_total_s",      "raw_read_rank_s",    "raw_read_ckpt_s", "load_s",
-        "load_no_zr_s",     "load_aggregated_s",  "reshard_load_s"};
+        "load_no_zr_s",     "load_aggregated_s",  "reshard_load_s", "load_unverified_s", "reshard_load_unverified_s"};
     std::vector<std::string> printed = order;
     if (device_kind != "none")
       for (const char* k : {"d2h_memcpy_s", "device_async_block_s", "device_async_total_s", "device_load_s"})
@@ -555,6 +568,10 @@ int main(int argc, char** argv) {
     s["load_over_raw_read"] = m("load_s") / raw_read;
     s["load_aggregated_over_raw_read"] = m("load_aggregated_s") / raw_read;
     s["reshard_load_over_load"] = m("reshard_load_s") / m("load_s");
+    // Verification's cost (issue target: <= 1.10): verified over unverified, same layout and resharded.
+    s["load_verified_over_unverified"] = m("load_s") / m("load_unverified_s");
+    s["reshard_verified_over_unverified"] = m("reshard_load_s") / m("reshard_load_unverified_s");
+    s["load_bytes_read_verified_over_unverified"] = m("load_bytes_read") / m("load_unverified_bytes_read");
     if (device_kind != "none") {
       s["device"] = device_kind;
       s["device_async_block_over_d2h_memcpy"] = m("device_async_block_s") / m("d2h_memcpy_s");

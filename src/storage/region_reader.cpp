@@ -104,12 +104,37 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kVerifyChunkBytes / rb.block_bytes)) * be;
     for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
       const CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
-      verify_buf_.resize(static_cast<size_t>(chunk.end - chunk.begin) * es);
       const planner::Frame f = span_frame(t, chunk);
-      for (const Box& piece : span_boxes(t, chunk))
-        H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, verify_buf_.data()));
-      H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, verify_buf_.data()));
-      copy_span_out(t, chunk, verify_buf_.data(), want, frame, dst_type, dst);
+      const std::vector<Box> pieces = span_boxes(t, chunk);
+      // When the whole chunk is wanted and is a plain shift of `dst` in the stored dtype (a load
+      // in the saving layout), it is read in place and checked there: no extra copy.
+      bool in_place = t.dtype == dst_type;
+      int64_t shift = 0;
+      bool first = true;
+      for (const Box& piece : pieces) {
+        if (!in_place) break;
+        const auto p = planner::intersect(piece, want);
+        if (!p || p->shape != piece.shape) {
+          in_place = false;
+          break;
+        }
+        planner::for_each_run(piece, f, frame, [&](int64_t si, int64_t di, int64_t) {
+          if (first) shift = di - si;
+          in_place = in_place && di - si == shift;
+          first = false;
+        });
+      }
+      in_place = in_place && !first && shift >= 0;
+      char* land = nullptr;
+      if (in_place) {
+        land = static_cast<char*>(dst) + shift * es;
+      } else {
+        verify_buf_.resize(static_cast<size_t>(chunk.end - chunk.begin) * es);
+        land = verify_buf_.data();
+      }
+      for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land));
+      H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
+      if (!in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
     }
   }
   return Status::Ok();

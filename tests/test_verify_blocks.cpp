@@ -1,0 +1,259 @@
+// Verified reads against a data file written here: tensors laid out row-major at known offsets,
+// regions hashed block by block as a save would (BlockHasher over each region's canonical
+// stream). Expected values come from the element formula, not from the reader.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "planner/box_math.h"
+#include "storage/region_reader.h"
+#include "storage/verify_blocks.h"
+
+using namespace h5ckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+float value(int64_t linear) { return static_cast<float>(linear) * 0.5f + 3.0f; }
+
+// A [rows, cols] f32 tensor whose regions are given; its file bytes start at `offset`.
+struct Fixture {
+  std::string file;
+  TensorInfo t;
+  std::vector<float> all;
+
+  Fixture(const std::string& dir, int64_t rows, int64_t cols, std::vector<ShardSpec> regions, uint64_t target,
+          bool v1 = false) {
+    file = dir + "/data.bin";
+    t.key = "model/w";
+    t.dtype = DType::kF32;
+    t.shape = {rows, cols};
+    t.nbytes = static_cast<uint64_t>(rows * cols) * 4;
+    t.file_offset = 64;  // something in front, as in an HDF5 file
+    all.resize(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows * cols; ++i) all[i] = value(i);
+    std::ofstream out(file, std::ios::binary);
+    std::string head(64, 'H');
+    out.write(head.data(), head.size());
+    out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(t.nbytes));
+    out.close();
+    const planner::Frame whole{Box{{0, 0}, {rows, cols}}, 0};
+    for (const ShardSpec& s : regions) {
+      // The region's canonical stream, gathered independently of the reader.
+      std::vector<float> canon(static_cast<size_t>(s.numel()));
+      const planner::Frame dst = planner::frame_of(s);
+      for (const Box& b : planner::shard_boxes(s))
+        planner::for_each_run(b, whole, dst, [&](int64_t si, int64_t di, int64_t n) {
+          std::memcpy(&canon[di], &all[si], n * 4);
+        });
+      SavedRegion r;
+      r.shard = s;
+      r.writer_rank = 0;
+      if (v1) {
+        r.checksum = XXH3_64bits(canon.data(), canon.size() * 4);
+      } else {
+        r.block_bytes = storage::choose_block_bytes(s, t.dtype, target);
+        storage::BlockHasher h(storage::region_identity(t.key, t.dtype, t.shape, s), r.block_bytes, canon.size() * 4);
+        // In uneven pieces, as a save's staging would deliver them.
+        size_t at = 0, step = 7;
+        while (at < canon.size() * 4) {
+          const size_t n = std::min(step, canon.size() * 4 - at);
+          h.update(reinterpret_cast<const char*>(canon.data()) + at, n);
+          at += n;
+          step = step * 3 + 1;
+        }
+        r.block_checksums = h.finish();
+      }
+      t.regions.push_back(r);
+    }
+  }
+
+  void flip(int64_t element) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64 + element * 4 + 1);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(64 + element * 4 + 1);
+    f.write(&c, 1);
+  }
+
+  // Reads `want` into a buffer of its shape; returns the status and compares values.
+  Status read(const Box& want, int64_t* wrong, bool verify = true, DType as = DType::kF32) {
+    auto r = storage::RegionReader::open(file);
+    if (!r.ok()) return r.status();
+    r->set_verify(verify);
+    const int64_t n = want.shape[0] * want.shape[1];
+    std::vector<char> buf(static_cast<size_t>(n) * dtype_size(as), 0);
+    Status st = r->read(t, want, planner::Frame{want, 0}, as, buf.data());
+    *wrong = 0;
+    if (!st.ok()) return st;
+    for (int64_t i = 0; i < want.shape[0]; ++i)
+      for (int64_t j = 0; j < want.shape[1]; ++j) {
+        const int64_t g = (want.offset[0] + i) * t.shape[1] + want.offset[1] + j;
+        const int64_t k = i * want.shape[1] + j;
+        const double got = as == DType::kF64 ? reinterpret_cast<double*>(buf.data())[k]
+                                              : reinterpret_cast<float*>(buf.data())[k];
+        if (got != static_cast<double>(value(g))) ++*wrong;
+      }
+    return st;
+  }
+};
+
+class VerifyBlocks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/h5ckpt-verify-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+ShardSpec box(int64_t r0, int64_t c0, int64_t nr, int64_t nc) {
+  ShardSpec s;
+  s.box = Box{{r0, c0}, {nr, nc}};
+  return s;
+}
+ShardSpec flat(int64_t rows, int64_t cols, int64_t b, int64_t e) {
+  ShardSpec s;
+  s.box = Box{{0, 0}, {rows, cols}};
+  s.flat = std::make_pair(b, e);
+  return s;
+}
+
+std::vector<ShardSpec> column_split() { return {box(0, 0, 37, 20), box(0, 20, 37, 30)}; }
+std::vector<ShardSpec> zero_split() { return {flat(37, 50, 0, 611), flat(37, 50, 611, 1300), flat(37, 50, 1300, 1850)}; }
+
+Box random_box(std::mt19937& g, int64_t rows, int64_t cols) {
+  std::uniform_int_distribution<int64_t> r(0, rows - 1), c(0, cols - 1);
+  const int64_t r0 = r(g), c0 = c(g);
+  return Box{{r0, c0}, {std::uniform_int_distribution<int64_t>(1, rows - r0)(g),
+                        std::uniform_int_distribution<int64_t>(1, cols - c0)(g)}};
+}
+
+bool contains(const Box& b, int64_t row, int64_t col) {
+  return row >= b.offset[0] && row < b.offset[0] + b.shape[0] && col >= b.offset[1] && col < b.offset[1] + b.shape[1];
+}
+
+}  // namespace
+
+TEST_F(VerifyBlocks, BlockLayoutIsWholeSlabs) {
+  const ShardSpec s = box(0, 0, 37, 20);  // slab: 20 f32 = 80 bytes
+  EXPECT_EQ(storage::region_slab_bytes(s, DType::kF32), 80u);
+  EXPECT_EQ(storage::choose_block_bytes(s, DType::kF32, 1000), 960u);
+  EXPECT_EQ(storage::choose_block_bytes(s, DType::kF32, 10), 80u);  // at least one slab
+  EXPECT_EQ(storage::region_slab_bytes(flat(37, 50, 3, 9), DType::kBF16), 2u);
+  EXPECT_EQ(storage::block_count(2960, 960), 4u);
+}
+
+TEST_F(VerifyBlocks, EveryRandomBoxReadsRightValues) {
+  std::mt19937 g(7);
+  for (auto regions : {column_split(), zero_split()}) {
+    for (uint64_t target : {64ull, 300ull, 1ull << 20}) {
+      Fixture f(dir_, 37, 50, regions, target);
+      for (int i = 0; i < 60; ++i) {
+        const Box want = random_box(g, 37, 50);
+        int64_t wrong = -1;
+        Status st = f.read(want, &wrong);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_EQ(wrong, 0) << "target " << target;
+      }
+      int64_t wrong = -1;  // float-to-float conversion on the way out
+      ASSERT_TRUE(f.read(Box{{3, 5}, {20, 40}}, &wrong, true, DType::kF64).ok());
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+TEST_F(VerifyBlocks, AFlippedByteFailsEveryReadThatDeliversIt) {
+  std::mt19937 g(11);
+  for (auto regions : {column_split(), zero_split()}) {
+    Fixture f(dir_, 37, 50, regions, 300);
+    const int64_t row = 17, col = 23;
+    f.flip(row * 50 + col);
+    int failed = 0, passed_without = 0;
+    for (int i = 0; i < 200; ++i) {
+      const Box want = random_box(g, 37, 50);
+      int64_t wrong = -1;
+      Status st = f.read(want, &wrong);
+      if (contains(want, row, col)) {
+        ASSERT_FALSE(st.ok()) << "a read delivering the flipped element passed";
+        EXPECT_EQ(st.code(), ErrorCode::kCorrupt);
+        EXPECT_NE(st.message().find("model/w"), std::string::npos) << st.message();
+        EXPECT_NE(st.message().find("block"), std::string::npos) << st.message();
+        ++failed;
+      } else if (st.ok()) {
+        EXPECT_EQ(wrong, 0);  // what a passing read delivers is right
+        ++passed_without;
+      }
+    }
+    EXPECT_GT(failed, 0);
+    EXPECT_GT(passed_without, 0);  // blocks are local: reads far from the flip still work
+    // Without verification the flipped value is delivered: the check is what stops it.
+    int64_t wrong = -1;
+    ASSERT_TRUE(f.read(Box{{row, 0}, {1, 50}}, &wrong, false).ok());
+    EXPECT_EQ(wrong, 1);
+  }
+}
+
+TEST_F(VerifyBlocks, RelabelledOrMovedBytesAreRefused) {
+  Fixture f(dir_, 37, 50, column_split(), 300);
+  int64_t wrong = -1;
+  const Box all{{0, 0}, {37, 50}};
+  ASSERT_TRUE(f.read(all, &wrong).ok());
+  {  // same-size dtype relabel: the bytes are intact, their meaning is not
+    Fixture g = f;
+    g.t.dtype = DType::kI32;
+    auto r = storage::RegionReader::open(g.file);
+    std::vector<int32_t> buf(37 * 50);
+    Status st = r->read(g.t, all, planner::Frame{all, 0}, DType::kI32, buf.data());
+    EXPECT_EQ(st.code(), ErrorCode::kCorrupt) << st.to_string();
+  }
+  {  // another key
+    Fixture g = f;
+    g.t.key = "model/v";
+    EXPECT_EQ(g.read(all, &wrong).code(), ErrorCode::kCorrupt);
+  }
+  {  // the two regions' boxes trade places with their checksums (same shape needed: rows split)
+    Fixture h(dir_, 36, 50, {box(0, 0, 18, 50), box(18, 0, 18, 50)}, 300);
+    ASSERT_TRUE(h.read(Box{{0, 0}, {36, 50}}, &wrong).ok());
+    std::swap(h.t.regions[0].shard, h.t.regions[1].shard);
+    std::swap(h.t.regions[0].shard, h.t.regions[1].shard);  // back, then swap only the sums
+    std::swap(h.t.regions[0].block_checksums, h.t.regions[1].block_checksums);
+    EXPECT_EQ(h.read(Box{{0, 0}, {36, 50}}, &wrong).code(), ErrorCode::kCorrupt);
+  }
+  {  // sums that do not fit the region are refused before any read
+    Fixture g = f;
+    g.t.regions[0].block_checksums.pop_back();
+    EXPECT_EQ(g.read(all, &wrong).code(), ErrorCode::kCorrupt);
+  }
+}
+
+TEST_F(VerifyBlocks, FormatV1WholeRegionChecksumsAreChecked) {
+  Fixture f(dir_, 37, 50, zero_split(), 0, /*v1=*/true);
+  int64_t wrong = -1;
+  ASSERT_TRUE(f.read(Box{{2, 3}, {5, 7}}, &wrong).ok());
+  EXPECT_EQ(wrong, 0);
+  f.flip(1700);  // in the third flat region
+  EXPECT_EQ(f.read(Box{{34, 0}, {1, 1}}, &wrong).code(), ErrorCode::kCorrupt);
+  EXPECT_TRUE(f.read(Box{{0, 0}, {2, 50}}, &wrong).ok());  // the first region is intact
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST_F(VerifyBlocks, SameLayoutReadsWidenNothing) {
+  Fixture f(dir_, 37, 50, {box(0, 0, 19, 50), box(19, 0, 18, 50)}, 300);
+  auto r = storage::RegionReader::open(f.file);
+  std::vector<float> buf(19 * 50);
+  const Box want{{0, 0}, {19, 50}};
+  ASSERT_TRUE(r->read(f.t, want, planner::Frame{want, 0}, DType::kF32, buf.data()).ok());
+  EXPECT_EQ(r->widened_bytes(), 0u);
+  EXPECT_EQ(r->bytes_read(), 19u * 50 * 4);  // read once, checked in place
+  for (int64_t i = 0; i < 19 * 50; ++i) ASSERT_EQ(buf[i], value(i));
+}
