@@ -1,6 +1,7 @@
 #include "comm/comm.h"
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <cstdlib>
 
@@ -111,20 +112,28 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
+  // One reduction (tree-shaped inside MPI: no rank hears from O(ranks) peers, and each moves a
+  // few ints): the first failing rank and the minimum of every flag.
   const size_t width = 1 + static_cast<size_t>(nflags);
-  std::vector<int> mine(width), all(width * static_cast<size_t>(size));
-  mine[0] = local.ok() ? 0 : 1;
+  std::vector<int> mine(width), min(width);
+  mine[0] = local.ok() ? INT_MAX : rank;
   for (int f = 0; f < nflags; ++f) mine[1 + f] = flags[f];
   MPI_Request req;
-  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_INT, all.data(),
-                                                   static_cast<int>(width), MPI_INT, comm, &req),
-                                    "agreement (MPI_Iallgather)"));
-  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Iallgather)", comm));
+  H5CKPT_RETURN_IF_ERROR(mpi_status(
+      MPI_Iallreduce(mine.data(), min.data(), static_cast<int>(width), MPI_INT, MPI_MIN, comm, &req),
+      "agreement (MPI_Iallreduce)"));
+  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Iallreduce)", comm));
+  for (int f = 0; f < nflags; ++f) flags[f] = min[1 + f];
+  if (min[0] == INT_MAX) return Status::Ok();
+  // Something failed (rare): who, for the message.
+  const int bit = local.ok() ? 0 : 1;
+  std::vector<int> all(static_cast<size_t>(size));
+  H5CKPT_RETURN_IF_ERROR(
+      mpi_status(MPI_Iallgather(&bit, 1, MPI_INT, all.data(), 1, MPI_INT, comm, &req), "agreement (MPI_Iallgather)"));
+  H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (failing ranks)", comm));
   std::vector<int> failing;
-  for (int r = 0; r < size; ++r) {
-    if (all[width * r]) failing.push_back(r);
-    for (int f = 0; f < nflags; ++f) flags[f] = std::min(flags[f], all[width * r + 1 + f]);
-  }
+  for (int r = 0; r < size; ++r)
+    if (all[r]) failing.push_back(r);
   if (failing.empty()) return Status::Ok();
   // The first failing rank tells everyone what went wrong.
   const int teller = failing.front();

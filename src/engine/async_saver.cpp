@@ -101,6 +101,7 @@ Status AsyncSaver::ensure_io_comms() {
   c->coords = topo_.coords;
   c->all_coords = topo_.all_coords;
   c->coordinator = topo_.coordinator;
+  H5CKPT_RETURN_IF_ERROR(c->duplicate_nodes_of(topo_));
   io_comms_ = std::move(c);
   return Status::Ok();
 }

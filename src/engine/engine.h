@@ -106,6 +106,14 @@ std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::Wr
 /// temporary directory.
 Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source);
 
+/// wire::bcast_outcome from the coordinator through the node leaders. Collective.
+inline Result<std::string> bcast_outcome(const Result<std::string>& on_root, const Topology::Impl& topo) {
+  std::string msg;
+  if (topo.world.rank() == topo.coordinator) msg = wire::encode_outcome(on_root);
+  H5CKPT_RETURN_IF_ERROR(topo.bcast(msg));
+  return wire::decode_outcome(msg);
+}
+
 /// Phase 3, collective over comms.world: checksums to the coordinator, which assembles the
 /// metadata and commits it in one storage call; the report is recorded and returned.
 Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts);

@@ -145,7 +145,7 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
                          : Result<std::string>(dir.status());
     text = json.ok() ? Result<std::string>(wire::encode_pair(*dir, *json)) : Result<std::string>(json.status());
   }
-  auto msg = wire::bcast_outcome(text, run.topo.coordinator, run.world());
+  auto msg = bcast_outcome(text, run.topo);
   if (!msg.ok()) return msg.status().with_context("load '" + path + "'");
   H5CKPT_ASSIGN_OR_RETURN(auto dir_json, wire::decode_pair(*msg));
   const std::string& json = dir_json.second;
@@ -206,7 +206,7 @@ Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags
     mine[i].on_device = run.wants[i].on_device;
     if (!mine[i].skip) mine[i].request = planner::make_request(run.wants[i]);
   }
-  H5CKPT_ASSIGN_OR_RETURN(auto gathered, run.topo.tree_gather(wire::encode_requests(mine)));
+  H5CKPT_ASSIGN_OR_RETURN(auto gathered, run.topo.gather(wire::encode_requests(mine)));
   std::vector<std::string> parts;
   if (run.coordinator()) {
     const size_t world = gathered.size();
@@ -249,7 +249,7 @@ Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags
       parts.push_back(std::move(part));
     }
   }
-  H5CKPT_ASSIGN_OR_RETURN(std::string down, comm::scatter_bytes(parts, run.topo.coordinator, run.world()));
+  H5CKPT_ASSIGN_OR_RETURN(std::string down, run.topo.scatter(parts));
   Result<std::vector<planner::ItemRole>> roles = Status(ErrorCode::kInternal, "malformed load plan message");
   if (down.size() >= 2) {
     device_flags[0] = down[down.size() - 2];

@@ -99,7 +99,7 @@ Status check_local_items(const StateDict& state) {
 // Collective: every rank's descriptors up the tree, the plan made on the coordinator, its outcome
 // broadcast; every rank returns the same Status.
 Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& topo, const StateDict& state) {
-  H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.tree_gather(wire::encode_items(describe_items(state))));
+  H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.gather(wire::encode_items(describe_items(state))));
   Result<std::string> plan_bytes = std::string();
   if (topo.world.rank() == topo.coordinator) {
     std::vector<std::vector<planner::ItemDesc>> all(gathered.size());
@@ -114,7 +114,7 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
     plan_bytes = plan.ok() ? Result<std::string>(wire::encode_tensors(plan->tensors))
                            : Result<std::string>(plan.status().with_context("planning"));
   }
-  H5CKPT_ASSIGN_OR_RETURN(std::string body, wire::bcast_outcome(plan_bytes, topo.coordinator, topo.world.get()));
+  H5CKPT_ASSIGN_OR_RETURN(std::string body, bcast_outcome(plan_bytes, topo));
   return wire::decode_tensors(body);
 }
 
@@ -167,7 +167,7 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   }
   // One agreement: any failure anywhere, and whether every rank's structure is the cached one.
   if (Status a = comm::agree(local, world, &cached); !a.ok()) return fail(a);
-  if (Status b = comm::bcast_bytes(job.temp, topo.coordinator, world); !b.ok()) return fail(b);
+  if (Status b = topo.bcast(job.temp); !b.ok()) return fail(b);
   job.report.plan_cached = cached != 0;
   if (!cached) {
     const double p0 = now_s();
@@ -388,7 +388,7 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
   report.bytes_total = 0;
   for (const auto& t : tensors) report.bytes_total += t.nbytes();
 
-  auto gathered = comm::gather_bytes(wire::encode_checksums(job.checksums), comms.coordinator, world);
+  auto gathered = comms.gather(wire::encode_checksums(job.checksums));
   Status st = gathered.status();
   if (comms.world.rank() == comms.coordinator) {
     if (st.ok()) {

@@ -211,18 +211,24 @@ Result<std::pair<std::string, std::string>> decode_pair(const std::string& bytes
   return std::make_pair(std::move(a), std::move(b));
 }
 
+std::string encode_outcome(const Result<std::string>& on_root) {
+  ByteWriter w;
+  w.put<int32_t>(static_cast<int32_t>(on_root.status().code()));
+  w.put_string(on_root.ok() ? std::string() : on_root.status().message());
+  w.put_string(on_root.ok() ? *on_root : std::string());
+  return std::move(w.str());
+}
+
 Result<std::string> bcast_outcome(const Result<std::string>& on_root, int root, MPI_Comm comm) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   std::string msg;
-  if (rank == root) {
-    ByteWriter w;
-    w.put<int32_t>(static_cast<int32_t>(on_root.status().code()));
-    w.put_string(on_root.ok() ? std::string() : on_root.status().message());
-    w.put_string(on_root.ok() ? *on_root : std::string());
-    msg = std::move(w.str());
-  }
+  if (rank == root) msg = encode_outcome(on_root);
   H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(msg, root, comm));
+  return decode_outcome(msg);
+}
+
+Result<std::string> decode_outcome(const std::string& msg) {
   ByteReader r(msg);
   const auto code = static_cast<ErrorCode>(r.get<int32_t>());
   std::string text = r.get_string();

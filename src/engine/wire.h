@@ -53,5 +53,8 @@ Result<std::pair<std::string, std::string>> decode_pair(const std::string& bytes
 /// The root's outcome reaches every rank: each returns the root's error, or its payload.
 /// `on_root` is read on the root only. Collective over `comm`.
 Result<std::string> bcast_outcome(const Result<std::string>& on_root, int root, MPI_Comm comm);
+/// The message bcast_outcome sends, for callers that broadcast it their own way (node leaders).
+std::string encode_outcome(const Result<std::string>& on_root);
+Result<std::string> decode_outcome(const std::string& msg);
 
 }  // namespace h5ckpt::engine::wire

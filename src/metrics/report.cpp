@@ -35,7 +35,7 @@ Status write_metrics(const Topology::Impl& comms, const std::string& op, const s
   json j;
   for (const auto& [k, v] : mine.phases) j[key::kPhases][k] = v;
   for (const auto& [k, v] : mine.bytes) j[key::kBytes][k] = v;
-  H5CKPT_ASSIGN_OR_RETURN(auto all, comms.tree_gather(j.dump()));
+  H5CKPT_ASSIGN_OR_RETURN(auto all, comms.gather(j.dump()));
   if (comms.world.rank() != comms.coordinator) return Status::Ok();
   json doc;
   doc[key::kOp] = op;

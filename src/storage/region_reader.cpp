@@ -132,7 +132,14 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
         verify_buf_.resize(static_cast<size_t>(chunk.end - chunk.begin) * es);
         land = verify_buf_.data();
       }
-      for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land));
+      // The gaps between this region's rows are other regions' columns; when the wanted box
+      // reaches into them, those regions' spans read them, so they are not read through here.
+      const Box& rbox = t.regions[span.region].shard.box;
+      bool exact = false;
+      for (size_t d = 1; d < rbox.shape.size(); ++d)
+        exact = exact || want.offset[d] < rbox.offset[d] ||
+                want.offset[d] + want.shape[d] > rbox.offset[d] + rbox.shape[d];
+      for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land, exact));
       H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
       if (!in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
     }
@@ -141,7 +148,7 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
 }
 
 Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type,
-                                void* dst) {
+                                void* dst, bool exact) {
   const uint64_t es = dtype_size(t.dtype), ds = dtype_size(dst_type);
   const bool convert = t.dtype != dst_type;
   if (convert && !(dtype_is_float(t.dtype) && dtype_is_float(dst_type)))
@@ -192,7 +199,7 @@ Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const pl
     const Run r{static_cast<uint64_t>(t.file_offset) + static_cast<uint64_t>(si) * es, di, n};
     const uint64_t end = r.file_off + static_cast<uint64_t>(n) * es;
     const uint64_t run_bytes = static_cast<uint64_t>(n) * es;
-    const uint64_t max_gap = run_bytes <= kTinyRunBytes ? kMaxGapForTinyRuns : kSmallGapBytes;
+    const uint64_t max_gap = exact ? 0 : run_bytes <= kTinyRunBytes ? kMaxGapForTinyRuns : kSmallGapBytes;
     const bool fits = !group.empty() && end - group_start <= kBounceBytes && r.file_off >= group_end &&
                       r.file_off - group_end <= max_gap;
     if (!fits) {

@@ -45,7 +45,10 @@ class RegionReader {
  private:
   RegionReader() = default;
   Status pread_exact(void* buf, uint64_t len, uint64_t off);
-  Status read_plain(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
+  /// `exact`: never read through the gaps between runs (their bytes belong to another region
+  /// the same read loads separately, and would be read twice).
+  Status read_plain(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst,
+                    bool exact = false);
   Status read_checked(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
   int fd_ = -1;
   bool verify_ = true;

@@ -1,0 +1,119 @@
+// The node tree of a topology (comm/topology_impl.h): node communicators, leaders, and the
+// gather / scatter / broadcast the engine coordinates through. Run with H5CKPT_RANKS_PER_NODE
+// set (simulated nodes of R consecutive ranks) and without; payload sizes vary per rank and a
+// lowered chunk limit makes every message cross chunk boundaries.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "comm/comm.h"
+#include "comm/topology_impl.h"
+
+using namespace h5ckpt;
+
+namespace {
+
+int ranks_per_node() {
+  const char* e = std::getenv("H5CKPT_RANKS_PER_NODE");
+  return e ? std::atoi(e) : 0;
+}
+
+// Payload of rank r for round k: its own bytes, sizes that differ per rank (some empty).
+std::string payload(int r, int k) {
+  std::string s(static_cast<size_t>((r * 37 + k * 11) % 50), '\0');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>('a' + (r * 7 + k + i) % 26);
+  return s;
+}
+
+class NodeTree : public ::testing::TestWithParam<uint64_t> {
+ protected:
+  void SetUp() override { comm::set_chunk_limit_for_testing(GetParam()); }
+  void TearDown() override { comm::set_chunk_limit_for_testing(0); }
+};
+
+}  // namespace
+
+TEST_P(NodeTree, LeadersFollowTheNodes) {
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, size, 1});
+  ASSERT_TRUE(topo.ok()) << topo.status().to_string();
+  const Topology::Impl& t = detail::TopologyAccess::of(*topo);
+  const int rpn = ranks_per_node();
+  // One machine: the shared-memory node is the world; simulated nodes cut it R at a time.
+  const int expect_nodes = rpn > 0 ? (size + rpn - 1) / rpn : 1;
+  EXPECT_EQ(t.nodes, expect_nodes);
+  ASSERT_EQ(t.node_ranks.size(), static_cast<size_t>(t.node.size()));
+  const int my_node = rpn > 0 ? rank / rpn : 0;
+  for (int r : t.node_ranks) EXPECT_EQ(rpn > 0 ? r / rpn : 0, my_node) << "rank " << r << " is on another node";
+  EXPECT_EQ(t.leader(), t.node.rank() == 0);
+  EXPECT_EQ(t.node_ranks[0], rpn > 0 ? my_node * rpn : 0) << "the lowest rank (the coordinator on its node) leads";
+  if (rank == t.coordinator) {
+    ASSERT_TRUE(t.leader());
+    EXPECT_EQ(t.leaders.rank(), 0);
+    ASSERT_EQ(t.node_members.size(), static_cast<size_t>(expect_nodes));
+    size_t total = 0;
+    for (const auto& m : t.node_members) total += m.size();
+    EXPECT_EQ(total, static_cast<size_t>(size));
+  }
+}
+
+TEST_P(NodeTree, GatherScatterBroadcastDeliverEveryByte) {
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, size, 1});
+  ASSERT_TRUE(topo.ok());
+  const Topology::Impl& t = detail::TopologyAccess::of(*topo);
+  for (int k = 0; k < 3; ++k) {
+    auto all = t.gather(payload(rank, k));
+    ASSERT_TRUE(all.ok()) << all.status().to_string();
+    if (rank == t.coordinator) {
+      ASSERT_EQ(all->size(), static_cast<size_t>(size));
+      for (int r = 0; r < size; ++r) EXPECT_EQ((*all)[r], payload(r, k)) << "gathered from rank " << r;
+    } else {
+      EXPECT_TRUE(all->empty());
+    }
+    std::vector<std::string> parts;
+    if (rank == t.coordinator)
+      for (int r = 0; r < size; ++r) parts.push_back(payload(r, k + 100));
+    auto mine = t.scatter(parts);
+    ASSERT_TRUE(mine.ok()) << mine.status().to_string();
+    EXPECT_EQ(*mine, payload(rank, k + 100));
+    std::string b = rank == t.coordinator ? payload(size + 3, k) + std::string(1000, 'z') : std::string("junk");
+    ASSERT_TRUE(t.bcast(b).ok());
+    EXPECT_EQ(b, payload(size + 3, k) + std::string(1000, 'z'));
+    // The agreement: a failure on the last rank reaches everyone with its message.
+    Status local = rank == size - 1 && k == 1 ? Status(ErrorCode::kIo, "disk on fire") : Status::Ok();
+    int flag = rank == 0 ? 3 : 5;
+    Status agreed = comm::agree(local, t.world.get(), &flag);
+    if (k == 1) {
+      EXPECT_EQ(agreed.code(), ErrorCode::kIo);
+      EXPECT_NE(agreed.message().find("rank " + std::to_string(size - 1) + ": disk on fire"), std::string::npos)
+          << agreed.message();
+    } else {
+      EXPECT_TRUE(agreed.ok());
+      EXPECT_EQ(flag, 3);  // the minimum over the ranks (rank 0 holds 3, the others 5)
+    }
+  }
+}
+
+// A scatter with a missing part fails on the coordinator and delivers nothing wrong elsewhere.
+TEST_P(NodeTree, ScatterWithMissingPartsFailsOnTheCoordinator) {
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  auto topo = Topology::create(MPI_COMM_WORLD, {1, size, 1});
+  ASSERT_TRUE(topo.ok());
+  const Topology::Impl& t = detail::TopologyAccess::of(*topo);
+  std::vector<std::string> parts;
+  if (rank == t.coordinator) parts.push_back("only one");
+  auto mine = t.scatter(parts);
+  if (rank == t.coordinator && size > 1) EXPECT_FALSE(mine.ok());
+  Status agreed = comm::agree(mine.status(), t.world.get());
+  EXPECT_EQ(agreed.ok(), size == 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunks, NodeTree, ::testing::Values(0, 7));
