@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "comm/comm.h"
@@ -28,19 +29,26 @@ std::string payload(int r, int k) {
 
 class NodeTree : public ::testing::TestWithParam<uint64_t> {
  protected:
-  void SetUp() override { comm::set_chunk_limit_for_testing(GetParam()); }
+  void SetUp() override {
+    comm::set_chunk_limit_for_testing(GetParam());
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    auto t = Topology::create(MPI_COMM_WORLD, {1, size, 1});
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    topo_.emplace(std::move(t).value());
+  }
   void TearDown() override { comm::set_chunk_limit_for_testing(0); }
+  const Topology::Impl& tree() const { return detail::TopologyAccess::of(*topo_); }
+  int size = 0, rank = 0;
+
+ private:
+  std::optional<Topology> topo_;
 };
 
 }  // namespace
 
 TEST_P(NodeTree, LeadersFollowTheNodes) {
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  auto topo = Topology::create(MPI_COMM_WORLD, {1, size, 1});
-  ASSERT_TRUE(topo.ok()) << topo.status().to_string();
-  const Topology::Impl& t = detail::TopologyAccess::of(*topo);
+  const Topology::Impl& t = tree();
   const int rpn = ranks_per_node();
   // One machine: the shared-memory node is the world; simulated nodes cut it R at a time.
   const int expect_nodes = rpn > 0 ? (size + rpn - 1) / rpn : 1;
@@ -61,12 +69,7 @@ TEST_P(NodeTree, LeadersFollowTheNodes) {
 }
 
 TEST_P(NodeTree, GatherScatterBroadcastDeliverEveryByte) {
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  auto topo = Topology::create(MPI_COMM_WORLD, {1, size, 1});
-  ASSERT_TRUE(topo.ok());
-  const Topology::Impl& t = detail::TopologyAccess::of(*topo);
+  const Topology::Impl& t = tree();
   for (int k = 0; k < 3; ++k) {
     auto all = t.gather(payload(rank, k));
     ASSERT_TRUE(all.ok()) << all.status().to_string();
@@ -102,12 +105,7 @@ TEST_P(NodeTree, GatherScatterBroadcastDeliverEveryByte) {
 
 // A scatter with a missing part fails on the coordinator and delivers nothing wrong elsewhere.
 TEST_P(NodeTree, ScatterWithMissingPartsFailsOnTheCoordinator) {
-  int size = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  auto topo = Topology::create(MPI_COMM_WORLD, {1, size, 1});
-  ASSERT_TRUE(topo.ok());
-  const Topology::Impl& t = detail::TopologyAccess::of(*topo);
+  const Topology::Impl& t = tree();
   std::vector<std::string> parts;
   if (rank == t.coordinator) parts.push_back("only one");
   auto mine = t.scatter(parts);
