@@ -114,4 +114,42 @@ TEST_P(NodeTree, ScatterWithMissingPartsFailsOnTheCoordinator) {
   EXPECT_EQ(agreed.ok(), size == 1);
 }
 
+// The coordinator hears from its node's members and the other leaders only: a gather brings it a
+// size and a payload from each of them (payloads cut into chunk_limit() pieces), O(nodes + node
+// size) messages, never one per rank of the world.
+TEST_P(NodeTree, CoordinatorReceivesFromLeadersAndItsNodeOnly) {
+  const Topology::Impl& t = tree();
+  const uint64_t chunk = comm::chunk_limit();
+  auto pieces = [&](uint64_t bytes) { return (bytes + chunk - 1) / chunk; };
+  const std::string mine(100 + static_cast<size_t>(rank), 'x');
+  MPI_Barrier(MPI_COMM_WORLD);
+  const comm::Traffic before = comm::received_traffic();
+  auto all = t.gather(mine);
+  const comm::Traffic after = comm::received_traffic();
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  if (rank != t.coordinator) return;
+  // Expected from the tree's shape, recomputed here: node members send (size, payload); every
+  // other leader sends (size, bundle of its node's (rank, length, bytes) records).
+  uint64_t messages = 0, bytes = 0;
+  for (size_t i = 1; i < t.node_ranks.size(); ++i) {
+    const uint64_t payload = 100 + static_cast<uint64_t>(t.node_ranks[i]);
+    messages += 1 + pieces(payload);
+    bytes += sizeof(uint64_t) + payload;
+  }
+  for (size_t l = 1; l < t.node_members.size(); ++l) {
+    uint64_t bundle = 0;
+    for (int r : t.node_members[l]) bundle += sizeof(int32_t) + sizeof(uint64_t) + 100 + static_cast<uint64_t>(r);
+    messages += 1 + pieces(bundle);
+    bytes += sizeof(uint64_t) + bundle;
+  }
+  EXPECT_EQ(after.messages - before.messages, messages);
+  EXPECT_EQ(after.bytes - before.bytes, bytes);
+  // Fewer than a flat gather's 2 (size - 1) wherever (node size - 1) + (nodes - 1) < size - 1.
+  const int rpn = ranks_per_node();
+  if (rpn > 1 && rpn + (size + rpn - 1) / rpn < size + 1) {
+    EXPECT_LT(after.messages - before.messages, 2 * static_cast<uint64_t>(size - 1) * pieces(100 + size))
+        << "the coordinator heard from every rank: the tree is flat";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Chunks, NodeTree, ::testing::Values(0, 7));

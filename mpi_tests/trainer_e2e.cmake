@@ -57,6 +57,26 @@ if(TARGET h5ckpt-train)
     PROCESSORS 2 TIMEOUT 200 LABELS "mpi;trainer"
     ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};OMPI_MCA_rmaps_base_oversubscribe=1")
 
+  # The same resume on the simulated cluster (scripts/cluster.sh: separate "nodes" in their own
+  # namespaces, TCP between them, node-aware coordination through real node leaders). Exit 77 =
+  # skipped where the cluster cannot be hosted (not root, no namespaces).
+  #   4 nodes x 4 ranks TP2.PP2.DP4 + ZeRO -> 2 nodes x 4 ranks TP4.PP1.DP2 + ZeRO
+  #   64 ranks: 4 nodes x 16 TP2.PP2.DP16 + ZeRO -> 4 nodes x 16 TP4.PP4.DP4, with the nodes cut
+  #   out of this machine (H5CKPT_RANKS_PER_NODE): on two cores, 64 ranks polling TCP sockets
+  #   between namespaced nodes take many minutes (docs/testing.md); the leaders and tree are the same.
+  add_test(NAME cluster_e2e_4x4_to_2x4
+    COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/e2e_resume.sh $<TARGET_FILE:h5ckpt-train> ${MPIEXEC_EXECUTABLE}
+            ${CMAKE_CURRENT_BINARY_DIR}/e2e/cluster_4x4_to_2x4 tp2.pp2.dp4.zero@4x4 tp4.pp1.dp2.zero@2x4 tp1.pp1.dp1)
+  set_tests_properties(cluster_e2e_4x4_to_2x4 PROPERTIES
+    PROCESSORS 8 TIMEOUT 900 LABELS "mpi;e2e;trainer;cluster" SKIP_RETURN_CODE 77
+    ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${H5CKPT_H5DIFF};OMPI_MCA_rmaps_base_oversubscribe=1;E2E_TIMEOUT=300")
+  add_test(NAME cluster_e2e_64_ranks
+    COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/e2e_resume.sh $<TARGET_FILE:h5ckpt-train> ${MPIEXEC_EXECUTABLE}
+            ${CMAKE_CURRENT_BINARY_DIR}/e2e/cluster_64 tp2.pp2.dp16.zero@4x16 tp4.pp4.dp4@4x16 tp1.pp1.dp1)
+  set_tests_properties(cluster_e2e_64_ranks PROPERTIES
+    PROCESSORS 8 TIMEOUT 1500 LABELS "mpi;e2e;trainer;cluster;long" SKIP_RETURN_CODE 77
+    ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${H5CKPT_H5DIFF};OMPI_MCA_rmaps_base_oversubscribe=1;E2E_TIMEOUT=600;E2E_SPLIT=2;E2E_STEPS=4;E2E_NODES=split")
+
   # Workload pieces in-process (hash, bf16, names, ZeRO vs plain step).
   h5ckpt_mpi_test_binary(test_trainer_e2e test_trainer_e2e.cpp)
   target_link_libraries(test_trainer_e2e PRIVATE h5ckpt_workload)

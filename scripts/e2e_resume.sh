@@ -7,9 +7,14 @@
 #   - the checkpoint at SPLIT different from the final one (training really moved the state).
 #
 # usage: e2e_resume.sh TRAIN_EXE MPIEXEC WORKDIR LAYOUT_A LAYOUT_B LAYOUT_REF [extra trainer args...]
-#   LAYOUT: tp<N>.pp<N>.dp<N>[.zero], e.g. tp2.pp2.dp2.zero
+#   LAYOUT: tp<N>.pp<N>.dp<N>[.zero][@<nodes>x<ranks per node>], e.g. tp2.pp2.dp2.zero or
+#   tp2.pp2.dp4.zero@4x4 (runs on the simulated cluster of scripts/cluster.sh: 4 nodes x 4 ranks)
 # env: H5CKPT_MPIEXEC_PREFLAGS (space separated, e.g. "--oversubscribe --allow-run-as-root"),
-#      E2E_SPLIT (default 6), E2E_STEPS (default 12), H5DIFF (default h5diff; "none" skips it)
+#      E2E_SPLIT (default 6), E2E_STEPS (default 12), H5DIFF (default h5diff; "none" skips it),
+#      E2E_TIMEOUT (seconds per training run, default 200),
+#      E2E_NODES=split: run @NODESxRPN layouts under plain mpirun with H5CKPT_RANKS_PER_NODE=RPN
+#      (nodes cut out of this machine's one node: same leaders and tree, no namespaces or TCP)
+# Exit 77 (skipped) when a layout asks for the simulated cluster and this machine cannot host it.
 set -euo pipefail
 
 if [[ $# -lt 6 ]]; then
@@ -22,6 +27,8 @@ EXTRA=("$@")
 SPLIT=${E2E_SPLIT:-6}
 STEPS=${E2E_STEPS:-12}
 H5DIFF=${H5DIFF:-h5diff}
+TIMEOUT=${E2E_TIMEOUT:-200}
+CLUSTER=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh
 read -r -a PRE <<<"${H5CKPT_MPIEXEC_PREFLAGS:-}"
 # A small model (a few MB) so that a case takes seconds; kv-heads 4 allows tp up to 4.
 MODEL=(--layers 4 --hidden 64 --heads 8 --kv-heads 4 --ffn 128 --vocab 256 --seed 7)
@@ -44,14 +51,38 @@ layout() {
 run() {  # run N args...
   local n=$1
   shift
-  "$MPIEXEC" -n "$n" "${PRE[@]}" --timeout 200 "$EXE" "$@"
+  "$MPIEXEC" -n "$n" "${PRE[@]}" --timeout "$TIMEOUT" "$EXE" "$@"
 }
 
-train() {  # train LAYOUT CKPT LEDGER STEPS SAVE_EVERY
-  local spec
-  read -r -a spec <<<"$(layout "$1")"
-  run "${spec[0]}" "${spec[@]:1}" "${MODEL[@]}" "${EXTRA[@]}" --ckpt-dir "$2" --ledger "$3" \
-    --steps "$4" --save-every "$5" --report "$WORK/report.jsonl"
+run_on_cluster() {  # run_on_cluster NODESxRPN N args...: N ranks on the simulated cluster
+  local shape=$1 n=$2 nodes rpn rc=0
+  shift 2
+  nodes=${shape%x*} rpn=${shape#*x}
+  [[ $nodes =~ ^[0-9]+$ && $rpn =~ ^[0-9]+$ ]] || fail "bad cluster shape '$shape' (expected NODESxRANKS)"
+  ((nodes * rpn == n)) || fail "cluster shape $shape gives $((nodes * rpn)) ranks, the layout needs $n"
+  if [[ ${E2E_NODES:-} == split ]]; then
+    H5CKPT_RANKS_PER_NODE=$rpn run "$n" "$@"
+    return
+  fi
+  "$CLUSTER" --nodes "$nodes" --ranks-per-node "$rpn" --timeout "$TIMEOUT" -- "$EXE" "$@" || rc=$?
+  if ((rc == 125)); then
+    echo "e2e SKIPPED: this machine cannot host the simulated cluster (see the message above)"
+    exit 77
+  fi
+  return "$rc"
+}
+
+train() {  # train LAYOUT[@NODESxRPN] CKPT LEDGER STEPS SAVE_EVERY
+  local tag=${1%@*} shape="" spec
+  [[ $1 == *@* ]] && shape=${1#*@}
+  read -r -a spec <<<"$(layout "$tag")"
+  local args=("${spec[@]:1}" "${MODEL[@]}" "${EXTRA[@]}" --ckpt-dir "$2" --ledger "$3"
+              --steps "$4" --save-every "$5" --report "$WORK/report.jsonl")
+  if [[ -n $shape ]]; then
+    run_on_cluster "$shape" "${spec[0]}" "${args[@]}"
+  else
+    run "${spec[0]}" "${args[@]}"
+  fi
 }
 
 rm -rf "$WORK"

@@ -15,6 +15,19 @@ constexpr int kCollPollMicros = 50;
 constexpr uint64_t kDefaultChunk = 1ull << 30;  // below INT_MAX
 constexpr int kGatherTag = 32001, kScatterTag = 32002;
 std::atomic<uint64_t> g_chunk_for_testing{0};
+std::atomic<uint64_t> g_recv_messages{0}, g_recv_bytes{0};
+
+void count_received(uint64_t messages, uint64_t bytes) {
+  g_recv_messages.fetch_add(messages, std::memory_order_relaxed);
+  g_recv_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+// Messages a reduction over `size` ranks delivers to each rank (binomial / recursive doubling).
+uint64_t log2_ceil(int size) {
+  uint64_t steps = 0;
+  while ((1ll << steps) < size) ++steps;
+  return steps;
+}
 
 uint64_t chunk_from_env() {
   const char* v = std::getenv("H5CKPT_TEST_CHUNK_BYTES");
@@ -33,6 +46,7 @@ Status post_chunks(bool send, char* data, uint64_t bytes, int peer, int tag, MPI
     const int rc = send ? MPI_Isend(data + off, n, MPI_BYTE, peer, tag, comm, &r)
                         : MPI_Irecv(data + off, n, MPI_BYTE, peer, tag, comm, &r);
     H5CKPT_RETURN_IF_ERROR(mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv"));
+    if (!send) count_received(1, static_cast<uint64_t>(n));
     reqs.push_back(r);
   }
   return Status::Ok();
@@ -53,6 +67,8 @@ uint64_t chunk_limit() {
 }
 
 void set_chunk_limit_for_testing(uint64_t bytes) { g_chunk_for_testing.store(std::min(bytes, kDefaultChunk)); }
+
+Traffic received_traffic() { return Traffic{g_recv_messages.load(), g_recv_bytes.load()}; }
 
 Status mpi_status(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return Status::Ok();
@@ -123,6 +139,7 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
       MPI_Iallreduce(mine.data(), min.data(), static_cast<int>(width), MPI_INT, MPI_MIN, comm, &req),
       "agreement (MPI_Iallreduce)"));
   H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Iallreduce)", comm));
+  count_received(log2_ceil(size), log2_ceil(size) * width * sizeof(int));
   for (int f = 0; f < nflags; ++f) flags[f] = min[1 + f];
   if (min[0] == INT_MAX) return Status::Ok();
   // Something failed (rare): who, for the message.
@@ -131,6 +148,7 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
   H5CKPT_RETURN_IF_ERROR(
       mpi_status(MPI_Iallgather(&bit, 1, MPI_INT, all.data(), 1, MPI_INT, comm, &req), "agreement (MPI_Iallgather)"));
   H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (failing ranks)", comm));
+  count_received(static_cast<uint64_t>(size - 1), static_cast<uint64_t>(size - 1) * sizeof(int));
   std::vector<int> failing;
   for (int r = 0; r < size; ++r)
     if (all[r]) failing.push_back(r);
@@ -169,6 +187,9 @@ Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm) {
   MPI_Request req;
   H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm, &req), "MPI_Ibcast"));
   H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "broadcast (size)", comm, d));
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank != root) count_received(1 + (n + chunk_limit() - 1) / chunk_limit(), sizeof n + n);
   bytes.resize(n);
   // Pieces of chunk_limit() bytes, a bounded number in flight (every rank cuts the same pieces).
   constexpr size_t kInFlight = 16;
@@ -199,6 +220,7 @@ Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root,
   H5CKPT_RETURN_IF_ERROR(
       mpi_status(MPI_Igather(&n, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, root, comm, &req), "MPI_Igather"));
   H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "gather (sizes)", comm, d));
+  if (rank == root) count_received(static_cast<uint64_t>(size - 1), static_cast<uint64_t>(size - 1) * sizeof n);
   // Point to point in pieces: the root receives each rank's bytes straight into its string.
   std::vector<std::string> out;
   std::vector<MPI_Request> reqs;
@@ -233,6 +255,7 @@ Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int roo
   H5CKPT_RETURN_IF_ERROR(
       mpi_status(MPI_Iscatter(sizes.data(), 1, MPI_UINT64_T, &n, 1, MPI_UINT64_T, root, comm, &req), "MPI_Iscatter"));
   H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "scatter (sizes)", comm, d));
+  if (rank != root) count_received(1, sizeof n);
   std::string mine;
   std::vector<MPI_Request> reqs;
   Status posted;

@@ -71,6 +71,17 @@ Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root,
 /// part is sent empty and fails the call on the root). Collective.
 Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int root, MPI_Comm comm);
 
+/// Messages and bytes this process has received through this layer (all threads, since start):
+/// point-to-point pieces as posted, and inside MPI's collectives the messages their algorithms
+/// deliver to this rank (linear gathers and scatters, binomial broadcasts, recursive-doubling
+/// reductions: ceil(log2 size) messages). Counts coordination traffic for h5ckpt-traffic and the
+/// tests of the node tree; tensor bytes (mpi_transport) and HDF5's own MPI-IO are not included.
+struct Traffic {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;
+};
+Traffic received_traffic();
+
 /// Largest single message of the byte collectives and the MPI transport: 1 GiB, or
 /// $H5CKPT_TEST_CHUNK_BYTES (read once), or what set_chunk_limit_for_testing set.
 uint64_t chunk_limit();
