@@ -152,4 +152,32 @@ TEST_P(NodeTree, CoordinatorReceivesFromLeadersAndItsNodeOnly) {
   }
 }
 
+// One copy per node: every rank reads the coordinator's bytes in place in its node's shared
+// buffer (the same address range for the ranks of a node), and a failure to produce them on the
+// coordinator reaches every rank instead of leaving leaders waiting.
+TEST_P(NodeTree, ShareWithNodesGivesEveryRankTheCoordinatorsBytes) {
+  const Topology::Impl& t = tree();
+  const uint64_t n = 1000 + 3 * comm::chunk_limit() % 977;
+  auto expected = [](uint64_t i) { return static_cast<char>((i * 131 + 7) % 251); };
+  auto shared = t.share_with_nodes(n, [&](char* out) {
+    for (uint64_t i = 0; i < n; ++i) out[i] = expected(i);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(shared.ok()) << shared.status().to_string();
+  ASSERT_EQ(shared->size(), n);
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < n; ++i) wrong += shared->data()[i] != expected(i);
+  EXPECT_EQ(wrong, 0u) << "bytes differ from the coordinator's";
+  ASSERT_TRUE(shared->sync(t.node.get()).ok());  // everyone has checked before the leader writes
+  // The ranks of a node see one buffer: the node leader's write is visible to the others.
+  if (t.node.rank() == 0) shared->data()[0] = static_cast<char>(0x5a + t.node_ranks[0] % 7);
+  ASSERT_TRUE(shared->sync(t.node.get()).ok());
+  EXPECT_EQ(shared->data()[0], static_cast<char>(0x5a + t.node_ranks[0] % 7));
+  ASSERT_TRUE(shared->sync(t.node.get()).ok());  // nobody frees before everyone has read
+
+  auto failed = t.share_with_nodes(n, [](char*) { return Status(ErrorCode::kIo, "cannot read the index"); });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("cannot read the index"), std::string::npos) << failed.status().to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(Chunks, NodeTree, ::testing::Values(0, 7));

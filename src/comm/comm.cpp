@@ -58,6 +58,29 @@ Status finish(Status posted, std::vector<MPI_Request>& reqs, const char* what, M
   Status done = wait_until(static_cast<int>(reqs.size()), reqs.data(), kCollPollMicros, what, comm, d);
   return posted.ok() ? done : posted;
 }
+// Broadcasts `n` bytes at `data` in pieces of chunk_limit() bytes, a bounded number in flight
+// (every rank cuts the same pieces).
+Status bcast_pieces(char* data, uint64_t n, int root, MPI_Comm comm, const Deadline& d) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  constexpr size_t kInFlight = 16;
+  const uint64_t chunk = chunk_limit();
+  if (rank != root) count_received((n + chunk - 1) / chunk, n);
+  std::vector<MPI_Request> reqs;
+  Status posted;
+  for (uint64_t off = 0; off < n && posted.ok();) {
+    reqs.clear();
+    for (; off < n && reqs.size() < kInFlight; off += chunk) {
+      MPI_Request req;
+      const int len = static_cast<int>(std::min(chunk, n - off));
+      posted = mpi_status(MPI_Ibcast(data + off, len, MPI_BYTE, root, comm, &req), "MPI_Ibcast");
+      if (!posted.ok()) break;
+      reqs.push_back(req);
+    }
+    H5CKPT_RETURN_IF_ERROR(finish(posted, reqs, "broadcast", comm, d));
+  }
+  return Status::Ok();
+}
 }  // namespace
 
 uint64_t chunk_limit() {
@@ -189,24 +212,59 @@ Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm) {
   H5CKPT_RETURN_IF_ERROR(wait_until(1, &req, kCollPollMicros, "broadcast (size)", comm, d));
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  if (rank != root) count_received(1 + (n + chunk_limit() - 1) / chunk_limit(), sizeof n + n);
+  if (rank != root) count_received(1, sizeof n);
   bytes.resize(n);
-  // Pieces of chunk_limit() bytes, a bounded number in flight (every rank cuts the same pieces).
-  constexpr size_t kInFlight = 16;
-  const uint64_t chunk = chunk_limit();
-  std::vector<MPI_Request> reqs;
-  Status posted;
-  for (uint64_t off = 0; off < n && posted.ok();) {
-    reqs.clear();
-    for (; off < n && reqs.size() < kInFlight; off += chunk) {
-      const int len = static_cast<int>(std::min(chunk, n - off));
-      posted = mpi_status(MPI_Ibcast(bytes.data() + off, len, MPI_BYTE, root, comm, &req), "MPI_Ibcast");
-      if (!posted.ok()) break;
-      reqs.push_back(req);
-    }
-    H5CKPT_RETURN_IF_ERROR(finish(posted, reqs, "broadcast", comm, d));
+  return bcast_pieces(bytes.data(), n, root, comm, d);
+}
+
+Status bcast_into(char* data, uint64_t bytes, int root, MPI_Comm comm) {
+  return bcast_pieces(data, bytes, root, comm, Deadline());
+}
+
+Result<NodeShared> NodeShared::allocate(uint64_t bytes, MPI_Comm node) {
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  NodeShared out;
+  void* base = nullptr;
+  {
+    const BlockingGuard guard("node shared memory (MPI_Win_allocate_shared)", node);  // collective, blocking
+    // Rank 0 holds the whole buffer; 1 byte when empty, so every node has a valid address.
+    const MPI_Aint mine = rank == 0 ? static_cast<MPI_Aint>(std::max<uint64_t>(bytes, 1)) : 0;
+    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, node, &base, &out.win_),
+                                      "MPI_Win_allocate_shared"));
   }
-  return Status::Ok();
+  MPI_Aint got = 0;
+  int unit = 1;
+  H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Win_shared_query(out.win_, 0, &got, &unit, &base), "MPI_Win_shared_query"));
+  out.data_ = static_cast<char*>(base);
+  out.size_ = bytes;
+  return out;
+}
+
+NodeShared& NodeShared::operator=(NodeShared&& o) noexcept {
+  if (this != &o) {
+    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    win_ = o.win_;
+    data_ = o.data_;
+    size_ = o.size_;
+    o.win_ = MPI_WIN_NULL;
+  }
+  return *this;
+}
+
+NodeShared::~NodeShared() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (win_ != MPI_WIN_NULL && !finalized) {
+    const BlockingGuard guard("node shared memory (MPI_Win_free)", MPI_COMM_NULL);  // collective, blocking
+    MPI_Win_free(&win_);
+  }
+}
+
+Status NodeShared::sync(MPI_Comm node) {
+  // Shared memory needs no copy, only ordering: rank 0's stores before everyone's loads.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return idle_barrier(node, kCollPollMicros);
 }
 
 Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root, MPI_Comm comm) {

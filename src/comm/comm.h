@@ -64,12 +64,40 @@ Status idle_barrier(MPI_Comm comm, int poll_us = 200);
 /// Broadcasts a byte string from `root`. Collective.
 Status bcast_bytes(std::string& bytes, int root, MPI_Comm comm);
 
+/// Broadcasts `bytes` bytes at `data` from `root` (every rank passes the same size). Collective.
+Status bcast_into(char* data, uint64_t bytes, int root, MPI_Comm comm);
+
 /// Gathers every rank's bytes to `root` (result[rank]); empty on other ranks. Collective.
 Result<std::vector<std::string>> gather_bytes(const std::string& mine, int root, MPI_Comm comm);
 
 /// Scatters parts[rank] from `root` to each rank (`parts` is read on the root only; a missing
 /// part is sent empty and fails the call on the root). Collective.
 Result<std::string> scatter_bytes(const std::vector<std::string>& parts, int root, MPI_Comm comm);
+
+/// A byte buffer of one node, in MPI shared memory: the node's rank 0 allocates it, every rank of
+/// the node reads it in place (one copy per node, e.g. of a checkpoint's index). Allocation and
+/// destruction are collective over the node communicator (MPI_Win_allocate_shared / MPI_Win_free):
+/// every rank of the node must destroy it at the same point.
+class NodeShared {
+ public:
+  NodeShared() = default;
+  static Result<NodeShared> allocate(uint64_t bytes, MPI_Comm node);
+  NodeShared(NodeShared&& o) noexcept : win_(o.win_), data_(o.data_), size_(o.size_) { o.win_ = MPI_WIN_NULL; }
+  NodeShared& operator=(NodeShared&& o) noexcept;
+  NodeShared(const NodeShared&) = delete;
+  NodeShared& operator=(const NodeShared&) = delete;
+  ~NodeShared();
+
+  char* data() const { return data_; }  ///< written by the node's rank 0 only, before sync()
+  uint64_t size() const { return size_; }
+  /// Makes rank 0's writes visible to the node's other ranks. Collective over the node.
+  Status sync(MPI_Comm node);
+
+ private:
+  MPI_Win win_ = MPI_WIN_NULL;
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
 
 /// Messages and bytes this process has received through this layer (all threads, since start):
 /// point-to-point pieces as posted, and inside MPI's collectives the messages their algorithms

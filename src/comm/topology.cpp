@@ -232,6 +232,20 @@ Status Topology::Impl::bcast(std::string& bytes) const {
   return st.ok() ? in_node : st;
 }
 
+Result<comm::NodeShared> Topology::Impl::share_with_nodes(uint64_t size,
+                                                          const std::function<Status(char*)>& fill) const {
+  auto shared = comm::NodeShared::allocate(size, node.get());
+  Status st = shared.status();
+  if (st.ok() && world.rank() == coordinator) st = fill(shared->data());
+  // Everyone's allocation and the coordinator's bytes first: no leader waits for bytes that never come.
+  H5CKPT_RETURN_IF_ERROR(comm::agree(st, world.get()));
+  if (leader()) st = comm::bcast_into(shared->data(), size, 0, leaders.get());
+  const Status synced = shared->sync(node.get());
+  if (st.ok()) st = synced;
+  H5CKPT_RETURN_IF_ERROR(comm::agree(st, world.get()));
+  return shared;
+}
+
 Topology::Topology(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Topology::Topology(Topology&&) noexcept = default;
 Topology& Topology::operator=(Topology&&) noexcept = default;

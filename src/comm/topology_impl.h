@@ -1,6 +1,7 @@
 // Internal state of a Topology: owned communicators and the coordination tree.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,12 @@ struct [[gnu::visibility("hidden")]] Topology::Impl {
   Result<std::string> scatter(const std::vector<std::string>& parts) const;
   /// Broadcasts from the coordinator to the leaders, then within each node. Collective.
   Status bcast(std::string& bytes) const;
+
+  /// One copy per node of `size` bytes that only the coordinator has (`fill` writes them into the
+  /// buffer on the coordinator): the coordinator broadcasts them to the node leaders, straight
+  /// into each node's shared buffer, which every rank then reads in place. Collective; every rank
+  /// gets the same Status, and on success a buffer holding the coordinator's bytes.
+  Result<comm::NodeShared> share_with_nodes(uint64_t size, const std::function<Status(char*)>& fill) const;
 
   /// Builds node, leaders and the member lists (after coordinator is known). Collective.
   Status setup_nodes();
