@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "planner/box_math.h"
+#include "planner/region_index.h"
 #include "planner/save_planner.h"
 
 namespace h5ckpt::planner {
@@ -416,6 +417,17 @@ ItemDesc item(std::string key, Shape g, ShardSpec s, DType dt = DType::kF32) {
 
 int64_t bytes_of(const ShardSpec& s, DType dt) { return s.numel() * static_cast<int64_t>(dtype_size(dt)); }
 
+// Every rank's writes as the rank computes them from the plan (plan_writes, unlimited pieces).
+std::vector<std::vector<WriteItem>> writes_by_rank(const Ranks& ranks, const SavePlan& plan) {
+  std::vector<std::vector<WriteItem>> out;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto w = plan_writes(static_cast<int>(r), plan.tensors, ranks[r], UINT64_MAX);
+    EXPECT_TRUE(w.ok()) << "rank " << r << ": " << w.status().to_string();
+    out.push_back(w.ok() ? std::move(w).value() : std::vector<WriteItem>{});
+  }
+  return out;
+}
+
 // Invariants every successful plan must satisfy, recomputed from the inputs.
 void check_plan(const Ranks& ranks, const SavePlan& plan) {
   std::map<std::string, std::map<std::string, std::set<int>>> holders;  // key -> sig -> ranks
@@ -426,7 +438,7 @@ void check_plan(const Ranks& ranks, const SavePlan& plan) {
       if (it.shard.numel() > 0) holders[it.key][sig_of(it.shard)].insert(static_cast<int>(r));
     }
   ASSERT_EQ(plan.tensors.size(), kinds.size());
-  ASSERT_EQ(plan.by_rank.size(), ranks.size());
+  const auto by_rank = writes_by_rank(ranks, plan);
   ASSERT_EQ(plan.bytes_by_rank.size(), ranks.size());
   std::vector<int64_t> load(ranks.size(), 0);
   std::set<std::pair<int, int>> expected_assignments;
@@ -456,7 +468,7 @@ void check_plan(const Ranks& ranks, const SavePlan& plan) {
   std::set<std::pair<int, int>> assigned;
   for (size_t r = 0; r < ranks.size(); ++r) {
     EXPECT_EQ(static_cast<int64_t>(plan.bytes_by_rank[r]), load[r]) << "rank " << r;
-    for (const WriteItem& a : plan.by_rank[r]) {
+    for (const WriteItem& a : by_rank[r]) {
       ASSERT_GE(a.tensor, 0);
       ASSERT_LT(a.tensor, static_cast<int>(plan.tensors.size()));
       ASSERT_GE(a.region, 0);
@@ -489,7 +501,7 @@ TEST(PlanSave, ReplicasWrittenOnce) {
   EXPECT_EQ(plan->tensors[0].regions.size(), 1u);
   EXPECT_EQ(plan->tensors[1].regions.size(), 2u);
   int assignments = 0;
-  for (const auto& v : plan->by_rank) assignments += static_cast<int>(v.size());
+  for (const auto& v : writes_by_rank(ranks, *plan)) assignments += static_cast<int>(v.size());
   EXPECT_EQ(assignments, 3);
   const uint64_t total = std::accumulate(plan->bytes_by_rank.begin(), plan->bytes_by_rank.end(), uint64_t{0});
   EXPECT_EQ(total, (4u + 32u) * 4u);
@@ -503,8 +515,9 @@ TEST(PlanSave, EqualReplicasSpreadOnePerRank) {
   auto plan = plan_save(ranks);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   check_plan(ranks, *plan);
+  const auto by_rank = writes_by_rank(ranks, *plan);
   for (int r = 0; r < 8; ++r) {
-    EXPECT_EQ(plan->by_rank[r].size(), 1u) << "rank " << r;
+    EXPECT_EQ(by_rank[r].size(), 1u) << "rank " << r;
     EXPECT_EQ(plan->bytes_by_rank[r], 16u * 16u * 4u) << "rank " << r;
   }
 }
@@ -549,7 +562,8 @@ TEST(PlanSave, BalancesWithinHolderSets) {
   auto plan = plan_save(ranks);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   check_plan(ranks, *plan);
-  for (int r = 0; r < 8; ++r) EXPECT_GE(plan->by_rank[r].size(), 1u) << "rank " << r << " idle";
+  const auto by_rank = writes_by_rank(ranks, *plan);
+  for (int r = 0; r < 8; ++r) EXPECT_GE(by_rank[r].size(), 1u) << "rank " << r << " idle";
 }
 
 void expect_error(const Ranks& ranks, ErrorCode code, const std::vector<std::string>& needles) {
@@ -710,6 +724,171 @@ TEST(PlanSave, EmptyTensorAndRankHoldingNothing) {
   EXPECT_EQ(plan->tensors[1].regions[0].writer, 0);
 }
 
+// ---- plan_save's disjointness and coverage checks against element counting ------------------
+
+// Element multiplicities of a tensor covered by shards, by enumerating each shard's elements
+// (its box's elements in row-major order, cut to its flat range).
+std::vector<int> multiplicity(const Shape& g, const std::vector<ShardSpec>& shards) {
+  std::vector<int> hits(static_cast<size_t>(volume_of(g)), 0);
+  for (const ShardSpec& s : shards) {
+    const auto elems = elements_of(s.box);
+    const int64_t b = s.flat ? s.flat->first : 0, e = s.flat ? s.flat->second : static_cast<int64_t>(elems.size());
+    for (int64_t k = b; k < e; ++k) ++hits[static_cast<size_t>(flat_in_box(Box{Shape(g.size(), 0), g}, elems[k]))];
+  }
+  return hits;
+}
+
+// A random shard of `g`: a box, or a flat range of one; sometimes empty.
+ShardSpec random_shard(std::mt19937_64& rng, const Shape& g) {
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  Box b;
+  for (int64_t extent : g) {
+    const int64_t off = uni(0, extent - 1);
+    b.offset.push_back(off);
+    b.shape.push_back(uni(1, extent - off));
+  }
+  if (uni(0, 1) == 0) return ShardSpec{b, std::nullopt};
+  const int64_t v = b.volume(), begin = uni(0, v), end = uni(begin, v);
+  return ShardSpec::flat_range(b, begin, end);
+}
+
+TEST(PlanSave, AcceptsExactlyDisjointCompleteRegionSets) {
+  // Random tensors split TP-like into boxes, each box's flat order split DP-like into ranges, then
+  // sometimes disturbed (a range end moved, a box swapped for a random shard): plan_save must
+  // accept exactly the sets whose distinct regions cover every element once.
+  std::mt19937_64 rng(2024);
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int accepted = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int ndim = static_cast<int>(uni(1, 3));
+    Shape g;
+    for (int d = 0; d < ndim; ++d) g.push_back(uni(1, 6));
+    const int dim = static_cast<int>(uni(0, ndim - 1));
+    const int tp = static_cast<int>(uni(1, 3)), dp = static_cast<int>(uni(1, 4));
+    std::vector<ShardSpec> shards;
+    for (int t = 0; t < tp; ++t) {
+      const ShardSpec box = ShardSpec::split(g, dim, tp, t);
+      const int64_t n = box.numel();
+      for (int d = 0; d < dp; ++d) shards.push_back(ShardSpec::flat_range(box.box, n * d / dp, n * (d + 1) / dp));
+    }
+    switch (uni(0, 3)) {
+      case 0: {  // a range end moved: a gap or an overlap with the next range of the same box
+        ShardSpec& s = shards[static_cast<size_t>(uni(0, static_cast<int64_t>(shards.size()) - 1))];
+        s.flat->second = std::clamp<int64_t>(s.flat->second + uni(-2, 2), s.flat->first, s.box.volume());
+        break;
+      }
+      case 1:  // a random extra shard
+        shards.push_back(random_shard(rng, g));
+        break;
+      case 2:  // one shard replaced by a random one
+        shards[static_cast<size_t>(uni(0, static_cast<int64_t>(shards.size()) - 1))] = random_shard(rng, g);
+        break;
+      default:  // unchanged
+        break;
+    }
+    // Each shard on its own rank, plus a replica of a random one (identical regions are fine).
+    Ranks ranks;
+    for (const ShardSpec& s : shards) ranks.push_back({item("opt/m", g, s)});
+    ranks.push_back({item("opt/m", g, shards[static_cast<size_t>(uni(0, static_cast<int64_t>(shards.size()) - 1))])});
+    // Expectation: distinct non-empty shards, each element covered exactly once.
+    std::vector<ShardSpec> distinct;
+    for (const ShardSpec& s : shards)
+      if (s.numel() > 0 && std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
+    const auto hits = multiplicity(g, distinct);
+    const bool expect_ok = std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; });
+    auto plan = plan_save(ranks);
+    ASSERT_EQ(plan.ok(), expect_ok) << "trial " << trial << " shape " << shape_str(g) << ": "
+                                    << (plan.ok() ? "accepted" : plan.status().to_string());
+    if (plan.ok()) {
+      check_plan(ranks, *plan);
+      ++accepted;
+    } else {
+      EXPECT_EQ(plan.status().code(), ErrorCode::kInvalidArgument);
+      ++refused;
+    }
+  }
+  EXPECT_GT(accepted, 500);
+  EXPECT_GT(refused, 500);
+}
+
+// ---- RegionIndex: which regions hold elements of a box, against element enumeration --------
+
+// Indices of the shards holding an element of `want` (cut to the tensor), by enumeration.
+std::vector<size_t> holding_by_enumeration(const Shape& g, const std::vector<ShardSpec>& shards, const Box& want) {
+  std::vector<size_t> out;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const auto elems = elements_of(shards[k].box);
+    const int64_t b = shards[k].flat ? shards[k].flat->first : 0;
+    const int64_t e = shards[k].flat ? shards[k].flat->second : static_cast<int64_t>(elems.size());
+    bool hit = false;
+    for (int64_t i = b; i < e && !hit; ++i) {
+      bool in = true;
+      for (size_t d = 0; d < g.size(); ++d)
+        in = in && elems[i][d] >= want.offset[d] && elems[i][d] < want.offset[d] + want.shape[d];
+      hit = in;
+    }
+    if (hit) out.push_back(k);
+  }
+  return out;
+}
+
+TEST(RegionIndex, RandomRegionsAndBoxesMatchEnumeration) {
+  // Arbitrary (overlapping, empty, flat) regions and wanted boxes, some reaching outside.
+  std::mt19937_64 rng(77);
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  size_t found = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int ndim = static_cast<int>(uni(1, 4));
+    Shape g;
+    for (int d = 0; d < ndim; ++d) g.push_back(uni(1, 6));
+    std::vector<ShardSpec> shards(static_cast<size_t>(uni(0, 40)));
+    for (auto& s : shards) s = random_shard(rng, g);
+    const RegionIndex index(g, shards.size(), [&](size_t k) -> const ShardSpec& { return shards[k]; });
+    ASSERT_EQ(index.size(), shards.size());
+    for (int q = 0; q < 30; ++q) {
+      Box want = random_shard(rng, g).box;
+      if (q % 5 == 0)
+        for (int d = 0; d < ndim; ++d) want.shape[d] += uni(0, 3);  // past the tensor's end
+      // find appends: what is already in the vector stays.
+      std::vector<size_t> got{999999};
+      index.find(want, &got);
+      got.erase(got.begin());
+      const auto expect = holding_by_enumeration(g, shards, want);
+      ASSERT_EQ(got, expect) << "trial " << trial << " shape " << shape_str(g) << " want " << box_str(want);
+      found += got.size();
+    }
+  }
+  EXPECT_GT(found, 1000u);  // the inputs do produce matches
+}
+
+TEST(RegionIndex, ZeroShardsOfOneLayoutSeenFromAnother) {
+  // A [24, 30] tensor saved as TP 3 column blocks x DP 4 flat ranges, read as TP 2 row blocks x
+  // DP 5 flat ranges (each range's pieces queried, as a load reads them).
+  const Shape g{24, 30};
+  std::vector<ShardSpec> saved;
+  for (int t = 0; t < 3; ++t) {
+    const ShardSpec box = ShardSpec::split(g, 1, 3, t);
+    const int64_t n = box.numel();
+    for (int d = 0; d < 4; ++d) saved.push_back(ShardSpec::flat_range(box.box, n * d / 4, n * (d + 1) / 4));
+  }
+  const RegionIndex index(g, saved.size(), [&](size_t k) -> const ShardSpec& { return saved[k]; });
+  for (int t = 0; t < 2; ++t) {
+    const ShardSpec box = ShardSpec::split(g, 0, 2, t);
+    const int64_t n = box.numel();
+    for (int d = 0; d < 5; ++d)
+      for (const Box& piece : shard_boxes(ShardSpec::flat_range(box.box, n * d / 5, n * (d + 1) / 5))) {
+        std::vector<size_t> got;
+        index.find(piece, &got);
+        EXPECT_EQ(got, holding_by_enumeration(g, saved, piece)) << box_str(piece);
+        EXPECT_FALSE(got.empty());
+      }
+  }
+  std::vector<size_t> none;
+  index.find(Box{{24, 0}, {1, 30}}, &none);  // entirely outside
+  index.find(Box{{0, 0}, {0, 30}}, &none);   // empty
+  EXPECT_TRUE(none.empty());
+}
+
 // ---- scale: a simulated Megatron-like job of 10,000 ranks -----------------------------------
 
 TEST(PlanSaveScale, MegatronLike10000Ranks) {
@@ -793,11 +972,12 @@ TEST(PlanSaveScale, MegatronLike10000Ranks) {
   EXPECT_EQ(planned, expect_total);
   int64_t by_rank_total = 0, max_load = 0, min_load = INT64_MAX;
   size_t assignments = 0;
+  const auto by_rank = writes_by_rank(ranks, *plan);
   for (int r = 0; r < world; ++r) {
     by_rank_total += static_cast<int64_t>(plan->bytes_by_rank[r]);
     max_load = std::max<int64_t>(max_load, plan->bytes_by_rank[r]);
     min_load = std::min<int64_t>(min_load, plan->bytes_by_rank[r]);
-    for (const auto& a : plan->by_rank[r]) {
+    for (const auto& a : by_rank[r]) {
       ASSERT_EQ(plan->tensors[a.tensor].regions[a.region].writer, r);
       ASSERT_EQ(ranks[r][a.item].key, plan->tensors[a.tensor].key);
       ++assignments;

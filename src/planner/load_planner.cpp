@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "planner/box_math.h"
@@ -43,7 +44,11 @@ LoadRequest make_request(const LoadWant& want) {
 
 LoadPlan plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool deduplicate) {
   LoadPlan plan;
-  std::unordered_map<std::string, size_t> by_sig;
+  size_t total = 0;
+  for (const auto& r : ranks) total += r.size();
+  // Views of the requests' own signatures: millions of requests at 10,000 ranks, none copied.
+  std::unordered_map<std::string_view, size_t> by_sig;
+  if (deduplicate) by_sig.reserve(total);
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       const LoadRequest& q = ranks[r][i];
@@ -59,11 +64,13 @@ LoadPlan plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool dedu
     }
   }
   plan.read_bytes_by_rank.assign(ranks.size(), 0);
-  std::vector<size_t> order(plan.groups.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return plan.groups[a].bytes > plan.groups[b].bytes; });
-  for (size_t g : order) {
+  // Largest groups first, ties in group order (what a stable sort by bytes gives), sorted as
+  // compact (bytes, group) pairs rather than through the groups.
+  std::vector<std::pair<uint64_t, size_t>> order(plan.groups.size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = {plan.groups[g].bytes, g};
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  for (const auto& [bytes, g] : order) {
     LoadGroup& grp = plan.groups[g];
     int best = grp.members[0].rank;
     for (const auto& m : grp.members)

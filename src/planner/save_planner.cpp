@@ -1,10 +1,9 @@
 #include "planner/save_planner.h"
 
 #include <algorithm>
-#include <map>
+#include <functional>
 #include <numeric>
-#include <queue>
-#include <set>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 
@@ -42,56 +41,151 @@ Status validate_key(const std::string& key) {
 
 namespace {
 
-struct Holder {
-  int rank;
-  int item;
-};
+uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull; }
 
-// A unique region of one tensor and the ranks holding it.
-struct UniqueRegion {
-  ShardSpec shard;
-  int64_t bytes = 0;
-  std::vector<Holder> holders;
-};
-
-std::string region_signature(const ShardSpec& s) {
-  std::string sig;
-  for (auto v : s.box.offset) sig += std::to_string(v) + ",";
-  sig += "|";
-  for (auto v : s.box.shape) sig += std::to_string(v) + ",";
-  if (s.flat) sig += "|" + std::to_string(s.flat->first) + "-" + std::to_string(s.flat->second);
-  return sig;
+// splitmix64's finalizer: every input bit reaches the low bits an open-addressing table uses.
+uint64_t finish(uint64_t h) {
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
 }
 
-// Coverage by element counts, disjointness by planner::find_overlap (O(n log n) for the usual
-// layouts: 100k one-row shards of a tensor would take minutes pairwise).
-Status check_disjoint_and_complete(const std::string& key, const Shape& shape,
-                                   const std::vector<UniqueRegion>& regions) {
+uint64_t box_hash(const Box& b) {
+  uint64_t h = b.offset.size();
+  for (int64_t v : b.offset) h = mix(h, static_cast<uint64_t>(v));
+  for (int64_t v : b.shape) h = mix(h, static_cast<uint64_t>(v));
+  return finish(h);
+}
+
+// The elements of a shard as a range of its box's row-major order (a whole box: all of them).
+std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
+  return s.flat ? *s.flat : std::pair<int64_t, int64_t>{0, s.box.volume()};
+}
+
+// A unique non-empty region of a tensor: the first holder's description of it (copied only into
+// the plan, once every check has passed), with what the checks need kept beside it so that they
+// compare integers rather than chase the descriptions of thousands of ranks.
+struct UniqueRegion {
+  const ShardSpec* shard;
+  int64_t begin, end;  // flat_span(*shard)
+  uint64_t hash;       // of box and range: replicas hash alike
+  uint64_t box_hash;   // of the box alone: the flat ranges of one box hash alike
+  int64_t bytes;
+};
+
+// A tensor as the ranks declare it while their items are gathered, with its unique regions in
+// order of first appearance, found by shard in an open-addressing table of its own (small, so
+// the lookups of the next ranks, which hold the same tensors, stay in cache).
+struct TensorAcc {
+  const ItemDesc* first;  // key, dtype and global shape as first declared
+  int first_rank;
+  int last_rank = -1;  // the last rank declaring it: another declaration there is a duplicate
+  std::vector<UniqueRegion> regions;
+  std::vector<uint32_t> slots;  // indices into regions; kEmptySlot: free
+
+  static constexpr uint32_t kEmptySlot = UINT32_MAX;
+
+  // The index of the region `shard` (`bytes` long), added when new (`*fresh`).
+  uint32_t find_or_add(const ShardSpec& shard, int64_t bytes, bool* fresh) {
+    if (2 * (regions.size() + 1) > slots.size()) grow();
+    const uint64_t bh = box_hash(shard.box);
+    const auto [begin, end] = flat_span(shard);
+    const uint64_t h = finish(mix(mix(bh, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
+    const size_t mask = slots.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const uint32_t k = slots[i];
+      if (k == kEmptySlot) {
+        *fresh = true;
+        slots[i] = static_cast<uint32_t>(regions.size());
+        regions.push_back(UniqueRegion{&shard, begin, end, h, bh, bytes});
+        return slots[i];
+      }
+      if (regions[k].hash == h && *regions[k].shard == shard) {
+        *fresh = false;
+        return k;
+      }
+    }
+  }
+
+ private:
+  void grow() {
+    slots.assign(std::max<size_t>(8, 2 * slots.size()), kEmptySlot);
+    const size_t mask = slots.size() - 1;
+    for (uint32_t k = 0; k < regions.size(); ++k) {
+      size_t i = regions[k].hash & mask;
+      while (slots[i] != kEmptySlot) i = (i + 1) & mask;
+      slots[i] = k;
+    }
+  }
+};
+
+// Two regions sharing an element, from their pieces; exact for any boxes and flat ranges, and
+// O(n log n) for the usual layouts (see find_overlap).
+Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shape,
+                                                               const std::vector<UniqueRegion>& regions) {
+  std::vector<Box> pieces;
+  std::vector<size_t> region_of;
+  for (size_t r = 0; r < regions.size(); ++r)
+    for (auto& b : shard_boxes(*regions[r].shard)) {
+      pieces.push_back(std::move(b));
+      region_of.push_back(r);
+    }
+  H5CKPT_ASSIGN_OR_RETURN(auto overlap, find_overlap(shape, pieces));
+  if (!overlap) return std::optional<std::pair<size_t, size_t>>();
+  return std::optional(std::pair{region_of[overlap->first], region_of[overlap->second]});
+}
+
+// Regions that are neither identical nor disjoint, and regions that leave elements out, are
+// errors. Coverage is counted; disjointness is checked on the regions' boxes: regions on one box
+// (the flat ranges of a ZeRO shard, or the box itself) must have disjoint ranges, and the distinct
+// boxes (a few per tensor: the TP shards) must be disjoint. Only when two distinct boxes overlap
+// are all the regions' pieces compared, which is exact but slower.
+Status check_disjoint_and_complete(const std::string& key, const Shape& shape, const std::vector<UniqueRegion>& regions,
+                                   const std::function<int(size_t)>& holder_rank) {
   int64_t total = 1;
   for (auto s : shape)
     if (s < 0 || !checked_mul(total, s, &total))
       return Status(ErrorCode::kInvalidArgument,
                     "key '" + key + "': global shape " + to_string_shape(shape) + " has too many elements");
-  std::vector<Box> pieces;
-  std::vector<size_t> region_of;
   int64_t covered = 0;
-  for (size_t r = 0; r < regions.size(); ++r) {
-    for (auto& b : shard_boxes(regions[r].shard)) {
-      pieces.push_back(std::move(b));
-      region_of.push_back(r);
-    }
-    if (!checked_add(covered, regions[r].shard.numel(), &covered)) covered = INT64_MAX;
-  }
-  auto overlap = find_overlap(shape, pieces);
-  if (!overlap.ok()) return overlap.status().with_context("key '" + key + "'");
-  if (*overlap) {  // pieces of one region never overlap: these are two regions
-    const auto& a = regions[region_of[(*overlap)->first]];
-    const auto& b = regions[region_of[(*overlap)->second]];
-    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(a.shard) + " on rank " +
-                                                   std::to_string(a.holders[0].rank) + " overlaps shard " +
-                                                   to_string_spec(b.shard) + " on rank " +
-                                                   std::to_string(b.holders[0].rank) +
+  for (const UniqueRegion& r : regions)
+    if (!checked_add(covered, r.end - r.begin, &covered)) covered = INT64_MAX;
+  auto overlapping = [&](size_t a, size_t b) {
+    if (a > b) std::swap(a, b);
+    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(*regions[a].shard) +
+                                                   " on rank " + std::to_string(holder_rank(a)) + " overlaps shard " +
+                                                   to_string_spec(*regions[b].shard) + " on rank " +
+                                                   std::to_string(holder_rank(b)) +
                                                    " without being identical (replicas must hold identical regions)");
+  };
+  auto exact = [&]() -> Status {
+    auto pair = piece_overlap(shape, regions);
+    if (!pair.ok()) return pair.status().with_context("key '" + key + "'");
+    return *pair ? overlapping((*pair)->first, (*pair)->second) : Status::Ok();
+  };
+  if (regions.size() >= 2) {
+    // Grouped by box (through its hash: integers compared, the boxes themselves only to confirm),
+    // ranges ascending within a group, so any overlap inside a group shows between neighbours.
+    std::vector<uint32_t> order(regions.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      const UniqueRegion &x = regions[a], &y = regions[b];
+      return x.box_hash != y.box_hash ? x.box_hash < y.box_hash : x.begin < y.begin;
+    });
+    std::vector<Box> boxes;
+    const UniqueRegion* group = nullptr;
+    for (size_t k = 0; k < order.size(); ++k) {
+      const UniqueRegion& cur = regions[order[k]];
+      if (group && group->box_hash == cur.box_hash) {
+        if (!(group->shard->box == cur.shard->box)) return exact();  // two boxes with one hash: rare
+        if (regions[order[k - 1]].end > cur.begin) return overlapping(order[k - 1], order[k]);
+        continue;
+      }
+      group = &cur;
+      boxes.push_back(cur.shard->box);
+    }
+    auto boxes_meet = find_overlap(shape, boxes);
+    if (!boxes_meet.ok() || *boxes_meet) H5CKPT_RETURN_IF_ERROR(exact());  // ranges may still avoid each other
   }
   if (covered != total)
     return Status(ErrorCode::kInvalidArgument, "key '" + key + "': the ranks' shards cover " + std::to_string(covered) +
@@ -103,135 +197,194 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape,
 }  // namespace
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
-  struct TensorAcc {
-    DType dtype;
-    Shape shape;
-    int first_rank;
-    std::vector<UniqueRegion> regions;
-    std::unordered_map<std::string, size_t> by_sig;
-  };
-  std::map<std::string, TensorAcc> tensors;  // sorted by key: every rank creates datasets in this order
+  std::vector<TensorAcc> accs;
+  std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
+  size_t nitems = 0;
+  for (const auto& items : ranks) nitems += items.size();
+  // Per item, its tensor and region (kNone: holds nothing), to list the holders after the scan.
+  constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<std::pair<uint32_t, uint32_t>> region_of_item;
+  region_of_item.reserve(nitems);
+  // Ranks of one pipeline stage list the same keys in the same order, and often the same shards
+  // (replicas): each item is first compared with the previous rank's item at its position, whose
+  // tensor and region are known and whose memory is still in cache.
+  std::vector<std::pair<uint32_t, uint32_t>> previous;  // by position: the previous rank's (tensor, region)
 
   for (size_t r = 0; r < ranks.size(); ++r) {
-    std::set<std::string> seen;
+    auto where = [&] { return " (rank " + std::to_string(r) + ")"; };
+    const std::vector<ItemDesc>* before = r > 0 ? &ranks[r - 1] : nullptr;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       const ItemDesc& it = ranks[r][i];
-      const std::string where = " (rank " + std::to_string(r) + ")";
-      if (auto st = validate_key(it.key); !st.ok()) return st.with_context("rank " + std::to_string(r));
-      if (!seen.insert(it.key).second)
-        return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "' added twice" + where);
-      if (auto st = it.shard.validate(it.global_shape); !st.ok())
-        return st.with_context("key '" + it.key + "'" + where);
-      auto [pos, inserted] = tensors.try_emplace(it.key, TensorAcc{it.dtype, it.global_shape, (int)r, {}, {}});
-      TensorAcc& acc = pos->second;
-      if (!inserted && acc.dtype != it.dtype)
-        return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.dtype) + " on rank " +
-                                                     std::to_string(acc.first_rank) + " but " + dtype_name(it.dtype) +
-                                                     " on rank " + std::to_string(r));
-      if (!inserted && acc.shape != it.global_shape)
-        return Status(ErrorCode::kShapeMismatch, "key '" + it.key + "': global shape " + to_string_shape(acc.shape) +
-                                                     " on rank " + std::to_string(acc.first_rank) + " but " +
-                                                     to_string_shape(it.global_shape) + " on rank " +
-                                                     std::to_string(r));
-      if (it.shard.numel() == 0) continue;  // holds nothing of this tensor
-      const std::string sig = region_signature(it.shard);
-      auto [rp, fresh] = acc.by_sig.try_emplace(sig, acc.regions.size());
-      if (fresh) {
-        int64_t bytes = 0;
-        if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
-          return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where);
-        acc.regions.push_back(UniqueRegion{it.shard, bytes, {}});
+      const ItemDesc* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
+      uint32_t t = kNone;
+      if (prev && previous[i].first != kNone && prev->key == it.key) {
+        t = previous[i].first;
+      } else if (auto found = acc_of.find(it.key); found != acc_of.end()) {
+        t = found->second;
+        prev = nullptr;
+      } else {  // a new key: checked once, here
+        if (auto st = validate_key(it.key); !st.ok()) return st.with_context("rank " + std::to_string(r));
+        t = static_cast<uint32_t>(accs.size());
+        accs.push_back(TensorAcc{&it, static_cast<int>(r), -1, {}, {}});
+        acc_of.emplace(it.key, t);
+        prev = nullptr;
       }
-      acc.regions[rp->second].holders.push_back(Holder{(int)r, (int)i});
+      TensorAcc& acc = accs[t];
+      if (acc.last_rank == static_cast<int>(r))
+        return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "' added twice" + where());
+      acc.last_rank = static_cast<int>(r);
+      if (auto st = it.shard.validate(it.global_shape); !st.ok())
+        return st.with_context("key '" + it.key + "'" + where());
+      // The previous rank's item agreed with the first declaration: comparing with it suffices.
+      const ItemDesc& agreed = prev ? *prev : *acc.first;
+      if (agreed.dtype != it.dtype)
+        return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.first->dtype) +
+                                                     " on rank " + std::to_string(acc.first_rank) + " but " +
+                                                     dtype_name(it.dtype) + " on rank " + std::to_string(r));
+      if (agreed.global_shape != it.global_shape)
+        return Status(ErrorCode::kShapeMismatch,
+                      "key '" + it.key + "': global shape " + to_string_shape(acc.first->global_shape) + " on rank " +
+                          std::to_string(acc.first_rank) + " but " + to_string_shape(it.global_shape) + " on rank " +
+                          std::to_string(r));
+      uint32_t region = kNone;
+      if (it.shard.numel() > 0) {  // else it holds nothing of this tensor
+        if (prev && previous[i].second != kNone && prev->shard == it.shard) {
+          region = previous[i].second;
+        } else {
+          int64_t bytes = 0;
+          if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
+            return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
+          bool fresh = false;
+          region = acc.find_or_add(it.shard, bytes, &fresh);
+        }
+      }
+      region_of_item.emplace_back(t, region);
+      if (i >= previous.size()) previous.resize(i + 1, {kNone, kNone});
+      previous[i] = {t, region};
     }
+    // Positions past this rank's items describe no previous item for the next rank.
+    for (size_t i = ranks[r].size(); i < previous.size(); ++i) previous[i] = {kNone, kNone};
   }
 
   // A key may not be both a dataset and a group ("a" and "a/b"): look up every '/' prefix.
-  for (const auto& [key, acc] : tensors) {
-    for (size_t pos = key.find('/'); pos != std::string::npos; pos = key.find('/', pos + 1)) {
-      if (tensors.count(key.substr(0, pos)))
-        return Status(ErrorCode::kInvalidArgument,
-                      "key '" + key.substr(0, pos) + "' is also a group prefix of key '" + key + "'");
-    }
+  for (const TensorAcc& acc : accs) {
+    const std::string_view key = acc.first->key;
+    for (size_t pos = key.find('/'); pos != std::string_view::npos; pos = key.find('/', pos + 1))
+      if (acc_of.count(key.substr(0, pos)))
+        return Status(ErrorCode::kInvalidArgument, "key '" + std::string(key.substr(0, pos)) +
+                                                       "' is also a group prefix of key '" + std::string(key) + "'");
   }
 
+  // The ranks holding each region, ascending: counted, then placed (no list per region). Regions
+  // are numbered tensor by tensor: region k of tensor t is first_region[t] + k.
+  std::vector<uint32_t> first_region(accs.size() + 1, 0);
+  for (size_t t = 0; t < accs.size(); ++t)
+    first_region[t + 1] = first_region[t] + static_cast<uint32_t>(accs[t].regions.size());
+  std::vector<uint32_t> holders_begin(first_region.back() + 1, 0);
+  for (const auto& [t, region] : region_of_item)
+    if (region != kNone) ++holders_begin[first_region[t] + region + 1];
+  std::partial_sum(holders_begin.begin(), holders_begin.end(), holders_begin.begin());
+  std::vector<int> holders(holders_begin.back());
+  {
+    std::vector<uint32_t> next(holders_begin.begin(), holders_begin.end() - 1);
+    size_t k = 0;
+    for (size_t r = 0; r < ranks.size(); ++r)
+      for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
+        if (const auto [t, region] = region_of_item[k]; region != kNone)
+          holders[next[first_region[t] + region]++] = static_cast<int>(r);
+  }
+  region_of_item = {};
+  for (TensorAcc& acc : accs) acc.slots = {};
+
+  // Tensors sorted by key: every rank creates the datasets in this order.
+  std::vector<uint32_t> by_key(accs.size());
+  std::iota(by_key.begin(), by_key.end(), 0);
+  std::sort(by_key.begin(), by_key.end(),
+            [&](uint32_t a, uint32_t b) { return accs[a].first->key < accs[b].first->key; });
+
   SavePlan plan;
-  plan.by_rank.resize(ranks.size());
   plan.bytes_by_rank.assign(ranks.size(), 0);
   struct Job {
-    int tensor, region;
     int64_t bytes;
+    uint32_t tensor;  // in the plan
+    uint32_t region;  // first_region[...] + k: indexes holders_begin
   };
   std::vector<Job> jobs;
-  for (auto& [key, acc] : tensors) {
-    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(key, acc.shape, acc.regions));
-    TensorPlan tp{key, acc.dtype, acc.shape, {}};
-    for (size_t r = 0; r < acc.regions.size(); ++r) {
-      tp.regions.push_back(PlannedRegion{acc.regions[r].shard, -1});
-      jobs.push_back(Job{(int)plan.tensors.size(), (int)r, acc.regions[r].bytes});
+  jobs.reserve(first_region.back());
+  plan.tensors.reserve(accs.size());
+  for (uint32_t a : by_key) {
+    TensorAcc& acc = accs[a];
+    const uint32_t base = first_region[a];
+    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(acc.first->key, acc.first->global_shape, acc.regions,
+                                                       [&](size_t k) { return holders[holders_begin[base + k]]; }));
+    TensorPlan tp{acc.first->key, acc.first->dtype, acc.first->global_shape, {}};
+    tp.regions.reserve(acc.regions.size());
+    for (size_t k = 0; k < acc.regions.size(); ++k) {
+      jobs.push_back(
+          Job{acc.regions[k].bytes, static_cast<uint32_t>(plan.tensors.size()), base + static_cast<uint32_t>(k)});
+      tp.regions.push_back(PlannedRegion{*acc.regions[k].shard, -1});
     }
+    acc.regions = {};
     plan.tensors.push_back(std::move(tp));
   }
 
-  // Worst-fit balancing: largest regions first, each to its least-loaded holder.
+  // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
+  // holder (ties to the lowest rank).
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.bytes > b.bytes; });
-  std::vector<const TensorAcc*> accs;
-  std::vector<std::vector<int>> writer_item;  // [tensor][region]: the writer's item index
-  for (auto& [key, acc] : tensors) {
-    accs.push_back(&acc);
-    writer_item.emplace_back(acc.regions.size(), -1);
-  }
   for (const Job& j : jobs) {
-    const UniqueRegion& ur = accs[j.tensor]->regions[j.region];
-    const Holder* best = &ur.holders[0];
-    for (const Holder& h : ur.holders)
-      if (plan.bytes_by_rank[h.rank] < plan.bytes_by_rank[best->rank]) best = &h;
-    plan.tensors[j.tensor].regions[j.region].writer = best->rank;
-    plan.bytes_by_rank[best->rank] += j.bytes;
-    writer_item[j.tensor][j.region] = best->item;
-  }
-  // What plan_writes gives each rank with unlimited pieces, made in one pass over the regions
-  // (plan_writes per rank would scan every region once per rank).
-  for (size_t t = 0; t < plan.tensors.size(); ++t) {
-    const uint64_t es = dtype_size(plan.tensors[t].dtype);
-    for (size_t r = 0; r < plan.tensors[t].regions.size(); ++r) {
-      const PlannedRegion& reg = plan.tensors[t].regions[r];
-      plan.by_rank[reg.writer].push_back(WriteItem{static_cast<int>(t), static_cast<int>(r), writer_item[t][r],
-                                                   reg.shard, 0, static_cast<uint64_t>(reg.shard.numel()) * es, true});
-    }
+    int best = holders[holders_begin[j.region]];
+    for (uint32_t h = holders_begin[j.region]; h < holders_begin[j.region + 1]; ++h)
+      if (plan.bytes_by_rank[holders[h]] < plan.bytes_by_rank[best]) best = holders[h];
+    const uint32_t k = j.region - first_region[by_key[j.tensor]];
+    plan.tensors[j.tensor].regions[k].writer = best;
+    plan.bytes_by_rank[best] += static_cast<uint64_t>(j.bytes);
   }
   return plan;
 }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
                                            const std::vector<ItemDesc>& items, uint64_t max_bytes) {
-  std::unordered_map<std::string_view, int> item_of;
-  item_of.reserve(items.size());
-  for (size_t i = 0; i < items.size(); ++i) item_of.emplace(items[i].key, static_cast<int>(i));
-  std::vector<WriteItem> out;
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    const uint64_t es = dtype_size(tensors[t].dtype);
-    const int64_t per = static_cast<int64_t>(std::clamp<uint64_t>(max_bytes / es, 1, INT64_MAX));
-    for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
-      const PlannedRegion& reg = tensors[t].regions[r];
-      if (reg.writer != rank) continue;
-      auto found = item_of.find(tensors[t].key);
-      if (found == item_of.end() || !(items[found->second].shard == reg.shard))
-        return Status(ErrorCode::kInternal, "key '" + tensors[t].key + "': rank " + std::to_string(rank) +
+  // Found from the rank's own items (a rank writes only regions it holds), each item's tensor by
+  // binary search of the sorted keys: a scan of every region would cost each of 10,000 ranks
+  // over a million regions per save.
+  struct Found {
+    int tensor, region, item;
+  };
+  std::vector<Found> found;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string& key = items[i].key;
+    const auto t = std::lower_bound(tensors.begin(), tensors.end(), key,
+                                    [](const TensorPlan& tp, const std::string& k) { return tp.key < k; });
+    if (t == tensors.end() || t->key != key)
+      return Status(ErrorCode::kInternal,
+                    "key '" + key + "': rank " + std::to_string(rank) + " holds it, but the plan has no such tensor");
+    for (size_t r = 0; r < t->regions.size(); ++r) {
+      if (t->regions[r].writer != rank) continue;
+      if (!(t->regions[r].shard == items[i].shard))
+        return Status(ErrorCode::kInternal, "key '" + key + "': rank " + std::to_string(rank) +
                                                 " was chosen to write a region it does not hold");
-      const int item = found->second;
-      const int64_t n = reg.shard.numel();
-      if (n <= per) {  // the common case: the region in one write, as planned
-        out.push_back(WriteItem{(int)t, (int)r, item, reg.shard, 0, static_cast<uint64_t>(n) * es, true});
-        continue;
-      }
-      // A large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
-      const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
-      for (int64_t b = 0; b < n; b += per) {
-        const int64_t e = std::min(n, b + per);
-        out.push_back(WriteItem{(int)t, (int)r, item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
-                                static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
-      }
+      found.push_back(Found{static_cast<int>(t - tensors.begin()), static_cast<int>(r), static_cast<int>(i)});
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.region < b.region;
+  });
+  std::vector<WriteItem> out;
+  for (const Found& f : found) {
+    const PlannedRegion& reg = tensors[f.tensor].regions[f.region];
+    const uint64_t es = dtype_size(tensors[f.tensor].dtype);
+    const int64_t per = static_cast<int64_t>(std::clamp<uint64_t>(max_bytes / es, 1, INT64_MAX));
+    const int64_t n = reg.shard.numel();
+    if (n <= per) {  // the common case: the region in one write, as planned
+      out.push_back(WriteItem{f.tensor, f.region, f.item, reg.shard, 0, static_cast<uint64_t>(n) * es, true});
+      continue;
+    }
+    // A large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
+    const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
+    for (int64_t b = 0; b < n; b += per) {
+      const int64_t e = std::min(n, b + per);
+      out.push_back(WriteItem{f.tensor, f.region, f.item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
+                              static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
     }
   }
   return out;

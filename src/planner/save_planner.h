@@ -52,10 +52,11 @@ struct WriteItem {
   bool region_end = true;  ///< the last write of its region (the region's checksum is complete)
 };
 
+/// Each rank derives its own writes from `tensors` with plan_writes (the coordinator does not
+/// list them: at 10,000 ranks that list alone would cost it more than the plan).
 struct SavePlan {
-  std::vector<TensorPlan> tensors;              ///< sorted by key
-  std::vector<std::vector<WriteItem>> by_rank;  ///< index = rank; what plan_writes gives each rank
-  std::vector<uint64_t> bytes_by_rank;          ///< bytes each rank writes
+  std::vector<TensorPlan> tensors;      ///< sorted by key
+  std::vector<uint64_t> bytes_by_rank;  ///< bytes each rank writes
 };
 
 /// Checks a key's syntax: non-empty, letters/digits/"_.-/", no empty component, not under "meta".
@@ -68,10 +69,12 @@ Status validate_key(const std::string& key);
 /// by one of its holders chosen worst-fit by bytes so the write work is balanced.
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks);
 
-/// The writes of `rank` in a global plan: every region it was chosen to write, found in its own
-/// `items` by key, in plan order (tensor, region, offset), each at most `max_bytes` (regions above
-/// that become consecutive flat sub-ranges). Items missing or differing from the planned region
-/// are a planning bug and reported as kInternal.
+/// The writes of `rank` in a global plan: every region it was chosen to write, found through its
+/// own `items` (O(items x log tensors + their tensors' regions), not O(every region)), in plan
+/// order (tensor, region, offset), each at most `max_bytes` (regions above that become consecutive
+/// flat sub-ranges). An item whose key the plan lacks, or a region chosen for this rank that
+/// differs from its item, is a planning bug and reported as kInternal. (plan_save chooses writers
+/// among a region's holders only, so a region of a key the rank does not hold is never its.)
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
                                            const std::vector<ItemDesc>& items, uint64_t max_bytes);
 

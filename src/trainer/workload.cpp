@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "extras/synthetic_loader.h"
 #include "util/checked_math.h"
@@ -93,7 +94,22 @@ std::string TrainConfig::layout_tag() const {
 
 int64_t padded_vocab(int vocab, int tp) { return (static_cast<int64_t>(vocab) + tp - 1) / tp * tp; }
 
+std::vector<int> even_stage_layers(int layers, int pp) {
+  std::vector<int> per(static_cast<size_t>(pp), layers / pp);
+  for (int s = 0; s < layers % pp; ++s) ++per[static_cast<size_t>(s)];
+  return per;
+}
+
+std::pair<int64_t, int64_t> zero_slice(int64_t numel, int dp_rank, int dp) {
+  return {numel * dp_rank / dp, numel * (dp_rank + 1) / dp};
+}
+
 std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, int pp) {
+  return model_tensors(m, tp, even_stage_layers(m.layers, pp));
+}
+
+std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, const std::vector<int>& layers_per_stage) {
+  const int pp = static_cast<int>(layers_per_stage.size());
   const int64_t H = m.hidden, F = m.ffn, V = padded_vocab(m.vocab, tp);
   const int64_t d = m.hidden / m.heads;
   // QKV rows are grouped by KV head: [q of the group's heads, k, v] per group, so a split of
@@ -103,12 +119,9 @@ std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, int pp) {
   std::vector<int> emb_stages{0};
   if (m.tie_embeddings && pp > 1) emb_stages.push_back(pp - 1);
   out.push_back({"embedding.word_embeddings.weight", {V, H}, 0, emb_stages, m.vocab});
-  // Layers split over stages like ShardSpec::split: the first (layers % pp) stages get one more.
-  const int base = m.layers / pp, extra = m.layers % pp;
   int layer = 0;
   for (int s = 0; s < pp; ++s) {
-    int n = base + (s < extra ? 1 : 0);
-    for (int k = 0; k < n; ++k, ++layer) {
+    for (int k = 0; k < layers_per_stage[static_cast<size_t>(s)]; ++k, ++layer) {
       std::string p = "decoder.layers." + std::to_string(layer) + ".";
       auto add = [&](const std::string& name, Shape shape, int split) {
         out.push_back({p + name, std::move(shape), split, {s}, -1});
@@ -157,8 +170,7 @@ Workload::Workload(const TrainConfig& cfg, const Topology& topo) : cfg_(cfg), to
         d.split_dim < 0 ? ShardSpec::whole(d.shape) : ShardSpec::split(d.shape, d.split_dim, cfg.sizes.tp, coords_.tp);
     t.numel = t.tp_shard.numel();
     if (cfg.zero) {  // the distributed optimizer owns an even flat slice of the TP shard
-      t.opt_begin = t.numel * coords_.dp / cfg.sizes.dp;
-      t.opt_end = t.numel * (coords_.dp + 1) / cfg.sizes.dp;
+      std::tie(t.opt_begin, t.opt_end) = zero_slice(t.numel, coords_.dp, cfg.sizes.dp);
     } else {
       t.opt_begin = 0;
       t.opt_end = t.numel;
@@ -223,7 +235,7 @@ void Workload::allgather_params(Local& t) {
   const int es = static_cast<int>(dtype_size(cfg_.model.dtype));
   std::vector<int> counts(static_cast<size_t>(dp)), displs(static_cast<size_t>(dp));
   for (int d = 0; d < dp; ++d) {
-    int64_t b = t.numel * d / dp, e = t.numel * (d + 1) / dp;
+    const auto [b, e] = zero_slice(t.numel, d, dp);
     counts[static_cast<size_t>(d)] = static_cast<int>((e - b) * es);
     displs[static_cast<size_t>(d)] = static_cast<int>(b * es);
   }

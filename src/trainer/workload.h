@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "extras/extra_states.h"
@@ -52,6 +53,13 @@ struct TensorDesc {
 /// Every tensor of the model under `tp` x `pp` (the names and, except for the vocabulary
 /// padding, the shapes do not depend on the layout).
 std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, int pp);
+/// The same with `layers_per_stage[s]` layers on stage s (they must add up to m.layers).
+std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, const std::vector<int>& layers_per_stage);
+/// The trainer's split of layers over stages: the first (layers % pp) stages get one more.
+std::vector<int> even_stage_layers(int layers, int pp);
+/// The flat slice [begin, end) of a TP shard of `numel` elements that DP rank `dp_rank` of
+/// `dp` owns under the distributed optimizer (ZeRO): even, the remainder spread by rounding.
+std::pair<int64_t, int64_t> zero_slice(int64_t numel, int dp_rank, int dp);
 /// Vocabulary padded up to a multiple of tp.
 int64_t padded_vocab(int vocab, int tp);
 

@@ -1,0 +1,562 @@
+// h5ckpt-scale: the planning work of a save and of a resharding load at the scale of a 405B model
+// on 8,960 ranks, in one process and without MPI: the coordinator's plans, each rank's own share
+// of them, and the size of the checkpoint index. Prints one JSON line (docs/performance.md).
+//
+// The state is the synthetic trainer's (src/trainer/workload.h: tensor names and shapes,
+// Megatron TP splits, ZeRO flat slices, loader and extra items), described as the planner sees
+// it; no tensor memory is allocated.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "extras/extra_states.h"
+#include "extras/synthetic_loader.h"
+#include "h5ckpt/loader_state.h"
+#include "planner/load_planner.h"
+#include "planner/region_index.h"
+#include "planner/save_planner.h"
+#include "storage/checkpoint_commit.h"
+#include "storage/metadata.h"
+#include "storage/verify_blocks.h"
+#include "workload.h"
+
+using namespace h5ckpt;
+using nlohmann::json;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "h5ckpt-scale: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+template <class T>
+T check(Result<T> r, const char* what) {
+  if (!r.ok()) die(std::string(what) + ": " + r.status().to_string());
+  return std::move(r).value();
+}
+
+// CPU time of this process: on a shared host, what a phase cost without the time it waited for a core.
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double peak_rss_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // kilobytes on Linux
+}
+
+// ---- the job: layouts, the model per layout, every rank's items ---------------------------
+
+struct Layout {
+  int tp = 1, dp = 1, pp = 1;
+  int world() const { return tp * dp * pp; }
+  // Megatron order, as comm/topology: TP fastest, then DP, then PP.
+  RankCoords coords_of(int rank) const { return {rank % tp, (rank / tp) % dp, rank / (tp * dp)}; }
+  int rank_of(int t, int d, int p) const { return t + tp * (d + dp * p); }
+  std::string tag() const {
+    return "tp" + std::to_string(tp) + ".dp" + std::to_string(dp) + ".pp" + std::to_string(pp);
+  }
+};
+
+struct Options {
+  workload::ModelConfig model;
+  Layout save{8, 70, 16}, load{8, 35, 32};
+  bool extras = true;  // optimizer step, loader and extra items, as the trainer saves them
+  int loader_workers = 2;
+  bool all_ranks = false;
+  int repeats = 3;  // a rank's own planning is timed this many times, the fastest kept (a busy host's noise)
+  std::string metadata = "json";
+  std::string preset = "405b";
+};
+
+// Llama 3's split: every stage the same number of layers except the first and the last, which
+// hold one fewer (they also hold the embedding and the output layer). Layer counts that do not
+// fall that way get the trainer's even split.
+std::vector<int> stage_layers(int layers, int pp, std::string* how) {
+  if (pp >= 2 && (layers + 2) % pp == 0 && (layers + 2) / pp >= 2) {
+    std::vector<int> per(static_cast<size_t>(pp), (layers + 2) / pp);
+    per.front() -= 1;
+    per.back() -= 1;
+    *how = "first-and-last-one-fewer";
+    return per;
+  }
+  *how = "even";
+  return workload::even_stage_layers(layers, pp);
+}
+
+// The model as one layout shards it.
+struct ModelLayout {
+  Layout layout;
+  std::vector<workload::TensorDesc> tensors;
+  std::vector<std::vector<const workload::TensorDesc*>> by_stage;
+  std::string stage_split;
+  std::vector<std::vector<uint64_t>> loader_shard_bytes;  // [dp rank][worker]
+  uint64_t loader_replicated_bytes = 0;
+};
+
+ModelLayout make_layout(const Options& o, const Layout& l) {
+  ModelLayout m;
+  m.layout = l;
+  m.tensors = workload::model_tensors(o.model, l.tp, stage_layers(o.model.layers, l.pp, &m.stage_split));
+  m.by_stage.resize(static_cast<size_t>(l.pp));
+  for (const auto& d : m.tensors)
+    for (int s : d.stages) m.by_stage[static_cast<size_t>(s)].push_back(&d);
+  // The loader's blobs as the trainer serializes them (sizes only; they are planned, not written).
+  const auto cfg = extras::default_loader_config(1234, o.loader_workers, 2048);
+  for (int d = 0; d < l.dp && o.extras; ++d) {
+    const loader::RankLoader fresh = loader::RankLoader::fresh(cfg, l.dp, d);
+    m.loader_replicated_bytes = loader::serialize(fresh.replicated).size();
+    auto& sizes = m.loader_shard_bytes.emplace_back();
+    for (const auto& s : fresh.shards) sizes.push_back(loader::serialize(s).size());
+  }
+  return m;
+}
+
+// Extra-state blob sizes as extras::ExtraStates serializes them: magic + state + draws for the
+// RNG, magic + two doubles + three counters for the LR scheduler.
+constexpr int64_t kRngBytes = 24, kSchedulerBytes = 48;
+const char* const kOptimizerStates[] = {"fp32_param", "exp_avg", "exp_avg_sq"};
+
+ShardSpec tp_shard_of(const workload::TensorDesc& d, const Layout& l, int tp_rank) {
+  return d.split_dim < 0 ? ShardSpec::whole(d.shape) : ShardSpec::split(d.shape, d.split_dim, l.tp, tp_rank);
+}
+
+planner::ItemDesc blob(std::string key, int64_t bytes) {
+  return {std::move(key), DType::kU8, Shape{bytes}, ShardSpec::whole(Shape{bytes})};
+}
+
+// What a rank registers for a save, in the trainer's order (workload::Workload::stage_save).
+std::vector<planner::ItemDesc> save_items(const Options& o, const ModelLayout& m, int rank) {
+  const Layout& l = m.layout;
+  const RankCoords c = l.coords_of(rank);
+  std::vector<planner::ItemDesc> items;
+  for (const workload::TensorDesc* d : m.by_stage[static_cast<size_t>(c.pp)]) {
+    const ShardSpec tp_shard = tp_shard_of(*d, l, c.tp);
+    items.push_back({"model/" + d->fqn, o.model.dtype, d->shape, tp_shard});
+    const auto [begin, end] = workload::zero_slice(tp_shard.numel(), c.dp, l.dp);
+    if (begin == end) continue;  // a tiny tensor may leave a DP rank nothing
+    const ShardSpec slice = ShardSpec::flat_range(tp_shard.box, begin, end);
+    for (const char* s : kOptimizerStates)
+      items.push_back({std::string("optimizer/") + s + "/" + d->fqn, DType::kF32, d->shape, slice});
+  }
+  items.push_back({"optimizer/step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})});
+  if (o.extras) {
+    items.push_back(blob(loader::replicated_key(), static_cast<int64_t>(m.loader_replicated_bytes)));
+    const auto& shards = m.loader_shard_bytes[static_cast<size_t>(c.dp)];
+    for (size_t w = 0; w < shards.size(); ++w)
+      items.push_back(blob(loader::shard_key(c.dp, static_cast<int64_t>(w)), static_cast<int64_t>(shards[w])));
+    items.push_back({"extra/global_step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})});
+    items.push_back(blob("extra/lr_scheduler", kSchedulerBytes));
+    items.push_back(blob(extras::rng_key(c), kRngBytes));
+  }
+  return items;
+}
+
+// The loader's items in a checkpoint: every loading rank reads them all and reshards them.
+std::vector<const TensorInfo*> loader_blobs_of(const CheckpointInfo& info) {
+  std::vector<const TensorInfo*> blobs;
+  for (const TensorInfo& t : info.tensors)
+    if (t.key == loader::replicated_key() || t.key.rfind("loader/shard/", 0) == 0) blobs.push_back(&t);
+  return blobs;
+}
+
+// What a rank asks for in a load (workload::Workload::stage_load): the same tensors in its own
+// layout, a vocabulary padded for another TP accepted as padding, every loader blob of the
+// checkpoint, the extras, and its RNG only when the saving layout had a rank at its coordinates.
+std::vector<planner::LoadWant> load_wants(const Options& o, const ModelLayout& m, const CheckpointInfo& info,
+                                          const std::vector<const TensorInfo*>& loader_blobs, int rank) {
+  const Layout& l = m.layout;
+  const RankCoords c = l.coords_of(rank);
+  std::vector<planner::LoadWant> wants;
+  auto want = [&](planner::ItemDesc d, bool pad = false) { wants.push_back({std::move(d), false, pad, false}); };
+  for (const workload::TensorDesc* d : m.by_stage[static_cast<size_t>(c.pp)]) {
+    const ShardSpec tp_shard = tp_shard_of(*d, l, c.tp);
+    const std::string model_key = "model/" + d->fqn;
+    const TensorInfo* stored = info.find(model_key);
+    const bool pad = d->valid_rows >= 0 && stored && stored->shape != d->shape;
+    want({model_key, o.model.dtype, d->shape, tp_shard}, pad);
+    const auto [begin, end] = workload::zero_slice(tp_shard.numel(), c.dp, l.dp);
+    if (begin == end) continue;
+    const ShardSpec slice = ShardSpec::flat_range(tp_shard.box, begin, end);
+    for (const char* s : kOptimizerStates)
+      want({std::string("optimizer/") + s + "/" + d->fqn, DType::kF32, d->shape, slice}, pad);
+  }
+  want({"optimizer/step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})});
+  if (o.extras) {
+    for (const TensorInfo* t : loader_blobs) want(blob(t->key, t->shape[0]));
+    want({"extra/global_step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})});
+    want(blob("extra/lr_scheduler", kSchedulerBytes));
+    if (const TensorInfo* rng = info.find(extras::rng_key(c))) want(blob(rng->key, rng->shape[0]));
+  }
+  for (auto& w : wants)
+    if (!info.find(w.desc.key)) die("load wants '" + w.desc.key + "', which the checkpoint does not hold");
+  return wants;
+}
+
+// ---- the checkpoint index -------------------------------------------------------------------
+
+// The metadata a save of `plan` commits: file offsets of contiguous datasets aligned as the
+// writer aligns them, and one (dummy) checksum per verification block of every region.
+CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, const Options& o, uint64_t* blocks) {
+  constexpr uint64_t kAlignment = 1ull << 20;  // CheckpointerOptions::alignment
+  storage::SavedCheckpoint saved;
+  saved.tensors = &tensors;
+  saved.step = 1000;
+  saved.sizes = ParallelSizes{o.save.tp, o.save.dp, o.save.pp};
+  for (int r = 0; r < o.save.world(); ++r) saved.coords.push_back(o.save.coords_of(r));
+  saved.attributes = {{"trainer.vocab", std::to_string(o.model.vocab)}, {"trainer.layout", o.save.tag() + ".zero"}};
+  uint64_t end = 0, sum = 0x9e3779b97f4a7c15ull;
+  *blocks = 0;
+  saved.blocks.resize(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const planner::TensorPlan& tp = tensors[t];
+    const uint64_t nbytes = tp.nbytes();
+    if (nbytes == 0) {
+      saved.offsets.push_back(-1);
+    } else {
+      end = (end + kAlignment - 1) / kAlignment * kAlignment;
+      saved.offsets.push_back(static_cast<int64_t>(end));
+      end += nbytes;
+    }
+    for (const planner::PlannedRegion& reg : tp.regions) {
+      auto& b = saved.blocks[t].emplace_back();
+      b.block_bytes = storage::choose_block_bytes(reg.shard, tp.dtype);
+      const uint64_t region_bytes = static_cast<uint64_t>(reg.shard.numel()) * dtype_size(tp.dtype);
+      b.sums.resize(storage::block_count(region_bytes, b.block_bytes));
+      for (uint64_t& s : b.sums) s = sum += 0x9e3779b97f4a7c15ull;  // varied, never 0
+      *blocks += b.sums.size();
+    }
+  }
+  return storage::assemble_info(saved);
+}
+
+// The size of the checkpoint index of `info`, in the encoding kIndexEncoding names (printed as
+// metadata_encoding): format v1's JSON, written whole.
+constexpr const char* kIndexEncoding = "v1-json";
+uint64_t index_bytes(const CheckpointInfo& info) { return storage::metadata_to_json(info).size(); }
+
+// ---- per-rank timings -------------------------------------------------------------------------
+
+// Ranks to time one by one: for every (TP, PP) position the DP replica with the most work of the
+// kind measured (`work[rank]`), and the first and last ranks; or every rank.
+std::vector<int> rank_sample(const Layout& l, const std::vector<size_t>& work, bool all, std::string* how) {
+  std::vector<int> ranks;
+  if (all) {
+    *how = "all ranks";
+    for (int r = 0; r < l.world(); ++r) ranks.push_back(r);
+    return ranks;
+  }
+  *how = "per (tp,pp) the dp replica with the most work, and the first and last rank";
+  std::set<int> chosen{0, l.world() - 1};
+  for (int p = 0; p < l.pp; ++p)
+    for (int t = 0; t < l.tp; ++t) {
+      int best = l.rank_of(t, 0, p);
+      for (int d = 1; d < l.dp; ++d)
+        if (work[static_cast<size_t>(l.rank_of(t, d, p))] > work[static_cast<size_t>(best)]) best = l.rank_of(t, d, p);
+      chosen.insert(best);
+    }
+  return {chosen.begin(), chosen.end()};
+}
+
+struct Slowest {
+  double ms = 0;
+  int rank = -1;
+  std::vector<double> all;
+  void add(int r, double s) {
+    all.push_back(s * 1e3);
+    if (s * 1e3 > ms) {
+      ms = s * 1e3;
+      rank = r;
+    }
+  }
+  double median() {
+    if (all.empty()) return 0;
+    std::sort(all.begin(), all.end());
+    return all[all.size() / 2];
+  }
+};
+
+// One rank's load plan, as the engine computes it for itself once the coordinator has sent its
+// roles: its requests, the stored tensor of each item, plan_rank_load, and for every box it reads
+// the saved regions holding its elements (indexed per tensor on first use).
+struct RankLoadWork {
+  size_t read_items = 0, region_hits = 0;
+  // Where the time goes (seconds): requests, stored-tensor lookups, plan_rank_load, indexing the
+  // regions of the tensors read, and the lookups of the boxes read.
+  double requests_s = 0, stored_s = 0, plan_s = 0, index_s = 0, lookup_s = 0;
+  double total_s() const { return requests_s + stored_s + plan_s + index_s + lookup_s; }
+  json breakdown_ms() const {
+    return {{"requests", requests_s * 1e3},
+            {"stored", stored_s * 1e3},
+            {"plan_rank_load", plan_s * 1e3},
+            {"region_index", index_s * 1e3},
+            {"region_lookup", lookup_s * 1e3}};
+  }
+};
+RankLoadWork plan_one_rank_load(const CheckpointInfo& info, const std::vector<planner::LoadWant>& wants,
+                                const std::vector<planner::ItemRole>& roles) {
+  RankLoadWork work;
+  double t0 = now_s();
+  std::vector<planner::LoadRequest> requests;
+  requests.reserve(wants.size());
+  for (const auto& w : wants) requests.push_back(planner::make_request(w));
+  double t1 = now_s();
+  work.requests_s = t1 - t0;
+  std::vector<planner::StoredTensor> stored(wants.size());
+  std::vector<const TensorInfo*> tensor_of(wants.size());
+  for (size_t i = 0; i < wants.size(); ++i) {
+    tensor_of[i] = info.find(wants[i].desc.key);
+    stored[i] = {tensor_of[i]->dtype, tensor_of[i]->shape, tensor_of[i]->file_offset};
+  }
+  t0 = now_s();
+  work.stored_s = t0 - t1;
+  const planner::RankLoadPlan plan = planner::plan_rank_load(roles, wants, stored, /*file_order=*/true);
+  t1 = now_s();
+  work.plan_s = t1 - t0;
+  std::map<const TensorInfo*, planner::RegionIndex> indexes;
+  std::vector<size_t> hits;
+  for (const planner::ReadItem& r : plan.items) {
+    if (r.role != planner::Role::kRead) continue;
+    ++work.read_items;
+    const TensorInfo* t = tensor_of[static_cast<size_t>(r.item)];
+    auto it = indexes.find(t);
+    if (it == indexes.end()) {
+      t0 = now_s();
+      it = indexes
+               .emplace(t, planner::RegionIndex(t->shape, t->regions.size(),
+                                                [&](size_t k) -> const ShardSpec& { return t->regions[k].shard; }))
+               .first;
+      t1 = now_s();
+      work.index_s += t1 - t0;
+    }
+    t0 = now_s();
+    for (const Box& box : r.boxes) {
+      hits.clear();
+      it->second.find(box, &hits);
+      work.region_hits += hits.size();
+    }
+    t1 = now_s();
+    work.lookup_s += t1 - t0;
+  }
+  return work;
+}
+
+// The lookup the storage layer makes today for the same reads (RegionReader -> checked_spans:
+// every region of the tensor tested), for comparison.
+double scan_lookup_s(const CheckpointInfo& info, const std::vector<planner::LoadWant>& wants,
+                     const std::vector<planner::ItemRole>& roles) {
+  std::vector<planner::StoredTensor> stored(wants.size());
+  for (size_t i = 0; i < wants.size(); ++i) {
+    const TensorInfo* t = info.find(wants[i].desc.key);
+    stored[i] = {t->dtype, t->shape, t->file_offset};
+  }
+  const planner::RankLoadPlan plan = planner::plan_rank_load(roles, wants, stored, true);
+  const double t0 = now_s();
+  size_t spans = 0;
+  for (const planner::ReadItem& r : plan.items) {
+    if (r.role != planner::Role::kRead) continue;
+    const TensorInfo* t = info.find(wants[static_cast<size_t>(r.item)].desc.key);
+    for (const Box& box : r.boxes) spans += check(storage::checked_spans(*t, box), "checked_spans").size();
+  }
+  const double dt = now_s() - t0;
+  if (spans == 0 && !plan.read_order.empty()) die("no regions found for a rank's reads");
+  return dt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  o.model = workload::ModelConfig{126, 16384, 128, 8, 53248, 128256, DType::kBF16, false};
+  for (int i = 1; i < argc; ++i)  // the preset sets the defaults the other flags then change
+    if (std::strcmp(argv[i], "--small") == 0) {
+      o.preset = "small";
+      o.model = workload::ModelConfig{7, 64, 8, 4, 128, 1001, DType::kBF16, false};
+      o.save = {2, 3, 3};
+      o.load = {4, 2, 2};
+    }
+  CLI::App app{"h5ckpt-scale: save and resharding-load planning of a large job, in one process"};
+  bool small = false, no_extras = false;
+  app.add_flag("--small", small, "small preset (a smoke test): 7 layers, 18 ranks saved, 16 loading");
+  app.add_option("--tp", o.save.tp, "save layout: tensor parallel size")->capture_default_str();
+  app.add_option("--dp", o.save.dp, "save layout: data parallel size")->capture_default_str();
+  app.add_option("--pp", o.save.pp, "save layout: pipeline parallel size")->capture_default_str();
+  app.add_option("--load-tp", o.load.tp, "load layout: tensor parallel size")->capture_default_str();
+  app.add_option("--load-dp", o.load.dp, "load layout: data parallel size")->capture_default_str();
+  app.add_option("--load-pp", o.load.pp, "load layout: pipeline parallel size")->capture_default_str();
+  app.add_option("--layers", o.model.layers, "model layers")->capture_default_str();
+  app.add_option("--hidden", o.model.hidden, "hidden size")->capture_default_str();
+  app.add_option("--ffn", o.model.ffn, "FFN size")->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
+  app.add_option("--kv-heads", o.model.kv_heads, "KV heads (GQA)")->capture_default_str();
+  app.add_option("--vocab", o.model.vocab, "vocabulary (padded to a TP multiple)")->capture_default_str();
+  app.add_option("--loader-workers", o.loader_workers, "data loader workers per DP rank")->capture_default_str();
+  app.add_flag("--no-extras", no_extras, "model and optimizer tensors only (no step, loader, RNG items)");
+  app.add_flag("--all-ranks", o.all_ranks, "time every rank's own planning, not a sample");
+  app.add_option("--repeats", o.repeats, "times each rank's own planning is repeated (the fastest is kept)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  o.extras = !no_extras;
+  for (const Layout* l : {&o.save, &o.load}) {
+    workload::TrainConfig tc;
+    tc.model = o.model;
+    tc.sizes = ParallelSizes{l->tp, l->dp, l->pp};
+    tc.zero = true;
+    tc.loader_workers = o.loader_workers;
+    if (Status st = tc.validate(l->world()); !st.ok()) die(l->tag() + ": " + st.to_string());
+  }
+  const double t_start = now_s();
+  json out;
+  out["preset"] = o.preset;
+  out["save_layout"] = o.save.tag();
+  out["load_layout"] = o.load.tag();
+  out["ranks"] = o.save.world();
+  out["load_ranks"] = o.load.world();
+
+  // ---- save: every rank's items, the coordinator's plan, each rank's writes ----
+  const ModelLayout saving = make_layout(o, o.save);
+  out["save_stage_split"] = saving.stage_split;
+  std::vector<std::vector<planner::ItemDesc>> items(static_cast<size_t>(o.save.world()));
+  size_t nitems = 0;
+  for (int r = 0; r < o.save.world(); ++r) {
+    items[static_cast<size_t>(r)] = save_items(o, saving, r);
+    nitems += items[static_cast<size_t>(r)].size();
+  }
+  double t0 = now_s(), c0 = cpu_s();
+  planner::SavePlan plan = check(planner::plan_save(items), "plan_save");
+  const double plan_save_s = now_s() - t0;
+  out["plan_save_cpu_s"] = cpu_s() - c0;
+  size_t nregions = 0;
+  for (const auto& t : plan.tensors) nregions += t.regions.size();
+  out["items"] = nitems;
+  out["tensors"] = plan.tensors.size();
+  out["regions"] = nregions;
+  out["plan_save_s"] = plan_save_s;
+
+  std::vector<size_t> writes_per_rank(static_cast<size_t>(o.save.world()), 0);  // regions each rank writes
+  for (const auto& t : plan.tensors)
+    for (const auto& reg : t.regions) ++writes_per_rank[static_cast<size_t>(reg.writer)];
+  std::string sample_how;
+  const std::vector<int> save_sample = rank_sample(o.save, writes_per_rank, o.all_ranks, &sample_how);
+  constexpr uint64_t kMaxPieceBytes = 256ull << 20;  // CheckpointerOptions::max_piece_bytes
+  Slowest writes;
+  for (int r : save_sample) {
+    double best = 0;
+    for (int k = 0; k < o.repeats; ++k) {
+      t0 = now_s();
+      auto w =
+          check(planner::plan_writes(r, plan.tensors, items[static_cast<size_t>(r)], kMaxPieceBytes), "plan_writes");
+      const double dt = now_s() - t0;
+      best = k == 0 ? dt : std::min(best, dt);
+      const auto regions_done = std::count_if(w.begin(), w.end(), [](const auto& x) { return x.region_end; });
+      if (static_cast<size_t>(regions_done) != writes_per_rank[static_cast<size_t>(r)])
+        die("plan_writes of rank " + std::to_string(r) + " lists another number of regions than the plan");
+    }
+    writes.add(r, best);
+  }
+  out["save_plan_writes_ms_max"] = writes.ms;
+  out["save_plan_writes_ms_median"] = writes.median();
+  out["save_plan_writes_slowest_rank"] = writes.rank;
+  out["save_ranks_timed"] = save_sample.size();
+  out["plan_s"] = plan_save_s + writes.ms / 1e3;
+  items.clear();
+  items.shrink_to_fit();
+
+  out["rss_after_save_plan_mb"] = peak_rss_mb();  // every rank's items and the plan, held at once
+
+  // ---- the index the save commits ----
+  uint64_t blocks = 0;
+  const CheckpointInfo info = checkpoint_info(plan.tensors, o, &blocks);
+  plan.tensors.clear();
+  plan.tensors.shrink_to_fit();
+  out["blocks"] = blocks;
+  t0 = now_s();
+  out["metadata_bytes"] = index_bytes(info);
+  out["metadata_encoding"] = kIndexEncoding;
+  out["metadata_s"] = now_s() - t0;
+
+  // ---- load in another layout: every rank's requests, the coordinator's groups and roles ----
+  const ModelLayout loading = make_layout(o, o.load);
+  const std::vector<const TensorInfo*> loader_blobs = loader_blobs_of(info);
+  out["load_stage_split"] = loading.stage_split;
+  const size_t lw = static_cast<size_t>(o.load.world());
+  std::vector<std::vector<planner::LoadRequest>> requests(lw);
+  std::vector<std::vector<int>> item_of(lw);
+  std::vector<size_t> counts(lw);
+  size_t nrequests = 0;
+  for (size_t r = 0; r < lw; ++r) {
+    const auto wants = load_wants(o, loading, info, loader_blobs, static_cast<int>(r));
+    counts[r] = wants.size();
+    for (size_t i = 0; i < wants.size(); ++i) {
+      requests[r].push_back(planner::make_request(wants[i]));
+      item_of[r].push_back(static_cast<int>(i));
+    }
+    nrequests += wants.size();
+  }
+  t0 = now_s();
+  c0 = cpu_s();
+  const planner::LoadPlan load_plan = planner::plan_load(requests, /*deduplicate=*/true);
+  const auto roles = planner::assign_roles(load_plan, item_of, counts);
+  out["load_coordinator_s"] = now_s() - t0;
+  out["load_coordinator_cpu_s"] = cpu_s() - c0;
+  out["load_requests"] = nrequests;
+  out["load_groups"] = load_plan.groups.size();
+  requests.clear();
+  requests.shrink_to_fit();
+
+  std::vector<size_t> reads_per_rank(lw, 0);
+  for (size_t r = 0; r < lw; ++r)
+    for (const auto& role : roles[r]) reads_per_rank[r] += role.role == planner::Role::kRead;
+  const std::vector<int> load_sample = rank_sample(o.load, reads_per_rank, o.all_ranks, &sample_how);
+  Slowest loads;
+  RankLoadWork slowest_work;
+  for (int r : load_sample) {
+    const auto wants = load_wants(o, loading, info, loader_blobs, r);  // the rank's state description, not planning
+    RankLoadWork best;
+    for (int k = 0; k < o.repeats; ++k) {
+      const RankLoadWork work = plan_one_rank_load(info, wants, roles[static_cast<size_t>(r)]);
+      if (k == 0 || work.total_s() < best.total_s()) best = work;
+    }
+    if (best.total_s() * 1e3 > loads.ms) slowest_work = best;
+    loads.add(r, best.total_s());
+  }
+  out["load_plan_ms_max"] = loads.ms;
+  out["load_plan_ms_median"] = loads.median();
+  out["load_plan_slowest_rank"] = loads.rank;
+  out["load_plan_slowest_read_items"] = slowest_work.read_items;
+  out["load_plan_slowest_region_hits"] = slowest_work.region_hits;
+  out["load_plan_slowest_breakdown_ms"] = slowest_work.breakdown_ms();
+  out["load_ranks_timed"] = load_sample.size();
+  out["rank_sample"] = sample_how;
+  out["rank_repeats"] = o.repeats;
+  {
+    const auto wants = load_wants(o, loading, info, loader_blobs, loads.rank);
+    double best = 0;
+    for (int k = 0; k < o.repeats; ++k) {
+      const double dt = scan_lookup_s(info, wants, roles[static_cast<size_t>(loads.rank)]);
+      best = k == 0 ? dt : std::min(best, dt);
+    }
+    out["load_region_scan_ms_slowest_rank"] = best * 1e3;
+  }
+  out["peak_rss_mb"] = peak_rss_mb();
+  out["total_s"] = now_s() - t_start;
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
