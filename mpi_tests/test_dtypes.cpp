@@ -126,7 +126,11 @@ TEST_F(Dtypes, H5dumpPrintsRealValues) {
   EXPECT_NE(dump("/model/bf16").find("1.5,-2.25,0.0078125,3"), std::string::npos) << dump("/model/bf16");
   EXPECT_NE(dump("/model/f16").find("1.5,-2.25,0.0078125,3"), std::string::npos) << dump("/model/f16");
   EXPECT_NE(dump("/model/e5m2").find("1.5,-2,0.0078125,3"), std::string::npos) << dump("/model/e5m2");
-  EXPECT_NE(dump("/meta/index").find("format_version"), std::string::npos) << dump("/meta/index");
+  // The index tables (format v2) print too: record fields by name, dtypes as enumeration names.
+  const std::string tensors = dump("/meta/tensors");
+  EXPECT_NE(tensors.find("\"key_offset\""), std::string::npos) << tensors;
+  EXPECT_NE(tensors.find("bf16"), std::string::npos) << tensors;
+  EXPECT_NE(tensors.find("f8e5m2"), std::string::npos) << tensors;
 }
 
 TEST_F(Dtypes, F32CheckpointIntoBf16BufferRoundsToNearestEven) {

@@ -124,6 +124,41 @@ void prewarm(const StateDict& sd) {
   }
 }
 
+// Memory of one phase: the library's own allocation peak (Checkpointer::memory_peak_bytes) and
+// the growth of the process's peak RSS over its RSS at the start (VmHWM is reset through
+// /proc/self/clear_refs): the state and the benchmark's buffers exist before, so the growth is
+// what the phase took. The overhead is the larger of the two, in MiB.
+uint64_t proc_status_kib(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t v = 0;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, field, n) == 0) v = std::strtoull(line + n, nullptr, 10);
+  std::fclose(f);
+  return v;
+}
+struct PhaseMemory {
+  Checkpointer* ck = nullptr;
+  uint64_t rss_start_kib = 0;
+  void start(Checkpointer& c) {
+    ck = &c;
+    c.reset_memory_peak();
+    if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {  // resets VmHWM to the current RSS
+      std::fputs("5", f);
+      std::fclose(f);
+    }
+    rss_start_kib = proc_status_kib("VmRSS:");
+  }
+  // {library peak, RSS growth} in MiB
+  std::pair<double, double> end() const {
+    const uint64_t hwm = proc_status_kib("VmHWM:");
+    const double rss = hwm > rss_start_kib ? static_cast<double>(hwm - rss_start_kib) / 1024.0 : 0.0;
+    return {static_cast<double>(ck->memory_peak_bytes()) / (1024.0 * 1024.0), rss};
+  }
+};
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -214,6 +249,7 @@ int main(int argc, char** argv) {
   int read_rounds = 3;
   bool no_prewarm = false, no_drop = false, keep = false;
   uint64_t staging = 0;
+  std::string memory_bytes;
   std::string config_file, device_kind = "none";
   app.add_option("--tp", save_l.tp, "save layout: tensor parallel size");
   app.add_option("--pp", save_l.pp, "save layout: pipeline parallel size");
@@ -229,6 +265,9 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "storage directory for the benchmark files")->capture_default_str();
   app.add_option("--repeats", repeats, "runs of every scenario (medians are reported)")->capture_default_str();
   app.add_option("--staging-bytes", staging, "staging pool bound for save_async (0: whole state)");
+  app.add_option("--memory-bytes", memory_bytes,
+                 "memory budget of the library (checkpointer.memory_bytes), e.g. 64MiB or 'eighth' (1/8 of this "
+                 "rank's saved bytes); default: as configured");
   app.add_option("--read-rounds", read_rounds, "cold read floors and loads measured this many times per repeat")
       ->capture_default_str();
   app.add_flag("--no-prewarm", no_prewarm, "do not re-touch buffers before each timed phase");
@@ -289,7 +328,26 @@ int main(int argc, char** argv) {
   CheckpointerOptions copts = config.checkpointer;
   if (staging) copts.staging_bytes = staging;
   copts.metrics = false;  // the benchmark reports its own figures
+  if (memory_bytes == "eighth") {  // 1/8 of the largest rank's share of the unique bytes
+    StateDict probe;
+    state_w.stage_save(probe);
+    uint64_t mine = 0;
+    for (const auto& it : probe.items()) mine += static_cast<uint64_t>(it.shard.numel()) * dtype_size(it.dtype);
+    uint64_t most = 0;
+    MPI_Allreduce(&mine, &most, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    copts.memory_bytes = std::max<uint64_t>(most / 8, 1024);
+  } else if (!memory_bytes.empty()) {
+    copts.memory_bytes = check(parse_byte_size(memory_bytes), "--memory-bytes");
+  }
   Checkpointer ck(save_topo, copts), ck_reshard(load_topo, copts);
+  // Per phase, the largest {library peak, RSS growth} seen on this rank (MiB).
+  std::map<std::string, std::pair<double, double>> mem;
+  auto note = [&mem](const std::string& phase, const PhaseMemory& pm) {
+    const auto [lib, rss] = pm.end();
+    auto& m = mem[phase];
+    m.first = std::max(m.first, lib);
+    m.second = std::max(m.second, rss);
+  };
 
   if (g_rank == 0) fs::create_directories(dir);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -379,10 +437,13 @@ int main(int argc, char** argv) {
     const std::string sync_path = dir + "/sync-" + std::to_string(rep);
     if (!no_prewarm) prewarm(save_sd);
     double plan = 0;
+    PhaseMemory pm;
+    pm.start(ck);
     t["sync_save_s"].push_back(timed([&] {
       auto r = check(ck.save(save_sd, sync_path, config.save), "save");
       plan = r.plan_s;
     }));
+    note("save", pm);
     plan_cached.push_back(max_all(plan));
     const std::string async_path = dir + "/async-" + std::to_string(rep);
     SaveHandle h;
@@ -390,12 +451,14 @@ int main(int argc, char** argv) {
       prewarm(save_sd);
       ck.touch_staging();  // the pool the snapshot copies into, as the memcpy floor's buffers
     }
+    pm.start(ck);
     MPI_Barrier(MPI_COMM_WORLD);
     const double a0 = now_s();
     h = check(ck.save_async(save_sd, async_path, config.save), "save_async");
     const double blocked = now_s() - a0;
     check(h.wait(), "save_async wait");
     const double total = now_s() - a0;
+    note("async", pm);
     t["async_block_s"].push_back(max_all(blocked));
     t["async_total_s"].push_back(max_all(total));
     ++step;
@@ -450,7 +513,9 @@ int main(int argc, char** argv) {
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
       LoadReport lr;
+      pm.start(ck);
       t["load_s"].push_back(timed([&] { lr = check(ck.load(same_sd, sync_path, config.load), "load"); }));
+      note("load", pm);
       t["load_bytes_read"].push_back(static_cast<double>(sum_all(lr.bytes_read)));
       // Where the load's time goes (slowest rank in each part).
       t["load_plan_s"].push_back(max_all(lr.plan_s));
@@ -482,9 +547,11 @@ int main(int argc, char** argv) {
       t["load_aggregated_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
+      pm.start(ck_reshard);
       t["reshard_load_s"].push_back(timed([&] {
         read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read;
       }));
+      note("reshard", pm);
       t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
     }
     // --- device memory (--device) ----------------------------------------------------------
@@ -509,8 +576,10 @@ int main(int argc, char** argv) {
       t["device_async_block_s"].push_back(max_all(dblock));
       t["device_async_total_s"].push_back(max_all(now_s() - d0));
       cold_start(sync_data, ck_begin, ck_end);
+      pm.start(ck);
       t["device_load_s"].push_back(
           timed([&] { check(ck.load(dev_load.state(), sync_path, config.load), "device load"); }));
+      note("device_load", pm);
       t["device_load_bytes"].push_back(static_cast<double>(sum_all(dev_load.bytes())));
       remove(dev_path);
     }
@@ -521,6 +590,12 @@ int main(int argc, char** argv) {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const double rss_mib = max_all(static_cast<double>(ru.ru_maxrss) / 1024.0);
+  // Every rank takes part in the same reductions, in the same order (phases every rank ran).
+  std::map<std::string, std::pair<double, double>> mem_max;
+  for (const char* phase : {"save", "async", "load", "reshard", "device_load"}) {
+    if (std::string(phase) == "device_load" && device_kind == "none") continue;
+    mem_max[phase] = {max_all(mem[phase].first), max_all(mem[phase].second)};
+  }
 
   if (g_rank == 0) {
     const std::vector<std::string> order = {
@@ -562,6 +637,15 @@ int main(int argc, char** argv) {
     for (const char* k : {"load_plan_s", "load_read_s", "load_exchange_s"}) s[k] = m(k);
     s["zr_read_bytes_saved"] = 1.0 - m("load_bytes_read") / m("load_no_zr_bytes_read");
     s["peak_rss_mib"] = rss_mib;
+    // Memory per phase (issue target: overhead <= memory_budget_mib + 64 in every phase when a
+    // budget is set): the larger of the library's allocation peak and the RSS growth, max over
+    // ranks; both parts are printed too.
+    s["memory_budget_mib"] = static_cast<double>(copts.memory_bytes) / (1024.0 * 1024.0);
+    for (const auto& [phase, v] : mem_max) {
+      s[phase + "_overhead_mib"] = std::max(v.first, v.second);
+      s[phase + "_library_peak_mib"] = v.first;
+      s[phase + "_rss_growth_mib"] = v.second;
+    }
     s["sync_save_over_raw_write"] = m("sync_save_s") / raw_write;
     s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
     s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");

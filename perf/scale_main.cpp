@@ -26,7 +26,7 @@
 #include "planner/region_index.h"
 #include "planner/save_planner.h"
 #include "storage/checkpoint_commit.h"
-#include "storage/metadata.h"
+#include "storage/meta_v2.h"
 #include "storage/verify_blocks.h"
 #include "workload.h"
 
@@ -247,9 +247,16 @@ CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, 
 }
 
 // The size of the checkpoint index of `info`, in the encoding kIndexEncoding names (printed as
-// metadata_encoding): format v1's JSON, written whole.
-constexpr const char* kIndexEncoding = "v1-json";
-uint64_t index_bytes(const CheckpointInfo& info) { return storage::metadata_to_json(info).size(); }
+// metadata_encoding): format v2's /meta tables (docs/format.md), what a save adds to the data file.
+constexpr const char* kIndexEncoding = "v2-tables";
+uint64_t index_bytes(const CheckpointInfo& info) {
+  auto bytes = storage::v2::encoded_bytes(info);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "h5ckpt-scale: encoding the index failed: %s\n", bytes.status().to_string().c_str());
+    std::exit(1);
+  }
+  return *bytes;
+}
 
 // ---- per-rank timings -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-30}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(metadata loader_state wire)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(metadata meta_v2 loader_state wire)
 BUILD=${H5CKPT_FUZZ_BUILD_DIR:-build-fuzz}
 CC=${CC:-clang-14}
 CXX=${CXX:-clang++-14}

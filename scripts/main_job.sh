@@ -90,5 +90,7 @@ Look inside:
   h5dump -H $FINAL/data.h5
   h5dump -m '%.9g' -d /model/decoder.final_layernorm.weight $FINAL/data.h5
   h5dump -d /extra/global_step $FINAL/data.h5
-  less $FINAL/metadata.json
+  $BUILD/src/tools/h5ckpt inspect --regions $FINAL   # the index (tables in /meta of data.h5)
+  h5dump -d /meta/tensors $FINAL/data.h5
+  cat $FINAL/metadata.json                # the signed summary: where each /meta table lies
 EOF

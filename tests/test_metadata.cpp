@@ -28,7 +28,7 @@ constexpr uint64_t kFileSize = 3u << 20;
 
 CheckpointInfo small_info() {
   CheckpointInfo info;
-  info.format_version = kFormatVersion;
+  info.format_version = kFormatVersionV1;
   info.library_version = "0.1.0";
   info.step = 42;
   info.saved_sizes = ParallelSizes{2, 1, 1};
@@ -271,10 +271,16 @@ TEST(Metadata, NonUtf8AttributeDoesNotThrow) {
 
 TEST(Metadata, NewerFormatVersionUnsupported) {
   const std::string text = metadata_to_json(small_info());
-  auto r = metadata_from_json(edit(text, [](json& j) { j["format_version"] = 2; }), kFileSize);
+  auto r = metadata_from_json(edit(text, [](json& j) { j["format_version"] = 3; }), kFileSize);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported) << r.status().to_string();
-  EXPECT_NE(r.status().message().find("2"), std::string::npos);
+  EXPECT_NE(r.status().message().find("format version 3 is newer than this library's (2)"), std::string::npos)
+      << r.status().message();
+  // Version 2 keeps its index in the data file: the v1 JSON reader does not take it.
+  auto v2 = metadata_from_json(edit(text, [](json& j) { j["format_version"] = 2; }), kFileSize);
+  ASSERT_FALSE(v2.ok());
+  EXPECT_EQ(v2.status().code(), ErrorCode::kUnsupported) << v2.status().to_string();
+  EXPECT_NE(v2.status().message().find("format version 2 is not the JSON index"), std::string::npos);
 }
 
 // ---- hostile metadata (issue "never hang, never lose") -------------------------------------

@@ -14,7 +14,7 @@
 
 namespace h5ckpt {
 
-/// File names inside a checkpoint directory, and of the pointer beside it (format v1, docs/format.md).
+/// File names inside a checkpoint directory, and of the pointer beside it (docs/format.md §2).
 inline constexpr const char* kDataFileName = "data.h5";
 inline constexpr const char* kMetadataFileName = "metadata.json";
 inline constexpr const char* kLatestFileName = "latest";

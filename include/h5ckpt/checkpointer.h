@@ -69,6 +69,13 @@ struct CheckpointerOptions {
   /// the largest save so far (every async save snapshots fully). When a save's bytes exceed the
   /// bound, save_async blocks until the writer has drained enough (see SaveReport::blocked_bytes).
   uint64_t staging_bytes = 0;
+  /// Bound of all the memory the library takes for a save or a load beyond the caller's buffers:
+  /// the staging pool, host staging of device bytes, read windows, conversion and verification
+  /// buffers (docs/performance.md, "Memory"). Saves and loads stream through it, so a small
+  /// budget costs time, not correctness. 0: no bound (each pipeline sizes its buffers as it
+  /// likes). Non-zero values below 1 KiB are refused at the start of every call. Must be the
+  /// same on every rank. A staging_bytes above it is lowered to it.
+  uint64_t memory_bytes = 0;
   /// How tensor bytes reach the file. true: parallel HDF5 creates the file and its datasets
   /// collectively, then each rank writes its pieces with positioned writes at the dataset
   /// offsets HDF5 allocated, and fsyncs (fast path). false: independent H5Dwrite calls through
@@ -195,6 +202,12 @@ class H5CKPT_API Checkpointer {
 
   /// String attributes stored with the next save (e.g. trainer configuration).
   void set_attribute(const std::string& name, const std::string& value);
+
+  /// The most memory this rank's library buffers held at once (the staging pool included) since
+  /// the Checkpointer was made or reset_memory_peak() was called: at most memory_bytes when set.
+  uint64_t memory_peak_bytes() const;
+  /// Restarts memory_peak_bytes() from what is held now (after waiting for a save in flight).
+  void reset_memory_peak();
 
   struct Impl;
 

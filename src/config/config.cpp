@@ -49,6 +49,8 @@ const KeyDef kKeys[] = {
      [](Config& c, const Value& v) { c.checkpointer.direct_io = b(v); }},
     {"checkpointer", "staging_bytes", "H5CKPT_STAGING_BYTES", Kind::kSize,
      [](Config& c, const Value& v) { c.checkpointer.staging_bytes = u(v); }},
+    {"checkpointer", "memory_bytes", "H5CKPT_MEMORY_BYTES", Kind::kSize,
+     [](Config& c, const Value& v) { c.checkpointer.memory_bytes = u(v); }},
     {"checkpointer", "max_piece_bytes", "H5CKPT_MAX_PIECE_BYTES", Kind::kPositiveSize,
      [](Config& c, const Value& v) { c.checkpointer.max_piece_bytes = u(v); }},
     {"checkpointer", "alignment", "H5CKPT_ALIGNMENT", Kind::kSize,

@@ -22,6 +22,7 @@ constexpr int kTag = 29;                        // the only point-to-point traff
 constexpr uint64_t kDomainAlign = 1u << 20;     // domains start on MiB boundaries (blocks, stripes)
 constexpr uint64_t kReadThroughGap = 1u << 20;  // a smaller hole costs less to read than a 2nd pread
 constexpr uint64_t kMinWindow = 4096;
+constexpr uint64_t kMinBoundedWindow = 64;  // windows of a memory budget (caller's slots)
 constexpr uint64_t kMaxWindow = 1ull << 30;  // keeps every piece length below INT_MAX
 constexpr int kSlots = 2;                    // one window is read while the previous one is sent
 constexpr int kPollMicros = 50;
@@ -227,8 +228,13 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
 
 }  // namespace
 
-Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
-                                             uint64_t window_bytes, StagingPool& pool) {
+namespace {
+
+// `pool` set: the two window slots come from it (reserved here); else from `slots`, which holds
+// two windows of `window_bytes` (windows then may be as small as kMinBoundedWindow).
+Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::string& data_file,
+                                                 std::vector<ReadPiece> pieces, uint64_t window_bytes,
+                                                 StagingPool* pool, char* slots) {
   AggregatedReadReport report;
   int me = 0, n = 1;
   MPI_Comm_rank(comm, &me);
@@ -248,7 +254,7 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (extent)", comm));
   if (all[1] == 0) return report;  // nobody reads anything
   Geometry g;
-  g.window = std::clamp<uint64_t>(window_bytes, kMinWindow, kMaxWindow);
+  g.window = std::clamp<uint64_t>(window_bytes, pool ? kMinWindow : kMinBoundedWindow, kMaxWindow);
   const uint64_t align = std::min(kDomainAlign, g.window);
   g.lo = (kNone - all[0]) / align * align;
   const uint64_t share = (all[1] - g.lo + n - 1) / static_cast<uint64_t>(n);
@@ -311,15 +317,17 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
     if (f.ok()) file.emplace(std::move(f).value());
     else local = f.status();
   }
-  if (!plans.empty() && file) {
-    pool.reserve(kSlots * g.window);
-    if (pool.capacity() < kSlots * g.window)
+  if (!plans.empty() && file && pool) {
+    pool->reserve(kSlots * g.window);
+    if (pool->capacity() < kSlots * g.window)
       local =
           Status(ErrorCode::kIo, "could not allocate " + std::to_string(kSlots * g.window) + " bytes of read windows");
+    slots = pool->base();
   }
+  if (!plans.empty() && file && !slots && local.ok()) local = Status(ErrorCode::kInternal, "no read window buffers");
   std::vector<MPI_Request> sends[kSlots];
   if (file && local.ok()) {
-    WindowReader reader(*file, plans, pool.base(), g.window);
+    WindowReader reader(*file, plans, slots, g.window);
     for (size_t j = 0; j < plans.size(); ++j) {
       reader.wait_ready(j, comm);
       char* buf = reader.slot(j);
@@ -363,6 +371,18 @@ Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& d
   if (file) report.bytes_read = file->bytes_read();
   if (!local.ok()) return local;
   return report;
+}
+
+}  // namespace
+
+Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
+                                             uint64_t window_bytes, StagingPool& pool) {
+  return run_aggregated_read(comm, data_file, std::move(pieces), window_bytes, &pool, nullptr);
+}
+
+Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
+                                             uint64_t window_bytes, char* slots) {
+  return run_aggregated_read(comm, data_file, std::move(pieces), window_bytes, nullptr, slots);
 }
 
 }  // namespace h5ckpt::engine

@@ -38,4 +38,9 @@ struct AggregatedReadReport {
 Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
                                              uint64_t window_bytes, StagingPool& pool);
 
+/// The same with the two window buffers from the caller: `slots` holds 2 * window_bytes bytes
+/// (window_bytes >= 64 and the same on every rank). Used under a memory budget.
+Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
+                                             uint64_t window_bytes, char* slots);
+
 }  // namespace h5ckpt::engine

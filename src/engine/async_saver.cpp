@@ -139,7 +139,10 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   }
   // A piece is at least one element: a bound below that would leave the snapshot waiting for
   // space that can never exist, so the pool holds at least one element of the widest dtype.
-  const uint64_t wanted = std::max(options_.staging_bytes ? options_.staging_bytes : mine, element);
+  uint64_t wanted = std::max(options_.staging_bytes ? options_.staging_bytes : mine, element);
+  // Under a memory budget the pool is the whole of an async save's memory: at most the budget
+  // (kMinMemoryBytes holds an element of every dtype), and the snapshot streams through it.
+  if (options_.memory_bytes) wanted = std::max(element, std::min<uint64_t>(wanted, options_.memory_bytes));
   pool_.reserve(wanted);
   // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
   // buffers and returns once they are written, which is correct, only not asynchronous.

@@ -133,8 +133,10 @@ struct DeviceLink {
   bool tried = false;  ///< creation was attempted (same on every rank)
 };
 
-/// The validated metadata and this rank's load plan of the last load, reused while the metadata
-/// bytes, the data file size, every rank's requests and the options are unchanged.
+/// The metadata of the tensors this rank loads (format v2; all of them with verify_checksums or
+/// for format v1) and this rank's load plan of the last load, reused while the bytes of
+/// metadata.json (a v2 summary holds its tables' checksums), the data file size, every rank's
+/// requests and the options are unchanged.
 struct LoadPlanCache {
   uint64_t meta_hash = 0;
   uint64_t request_hash = 0;

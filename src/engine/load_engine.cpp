@@ -17,10 +17,12 @@
 #include "device/staging.h"
 #include "engine/aggregated_read.h"
 #include "engine/engine.h"
+#include "engine/memory_budget.h"
 #include "metrics/log.h"
 #include "metrics/report.h"
 #include "planner/box_math.h"
 #include "storage/commit.h"
+#include "storage/meta_v2.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
 #include "storage/verify_blocks.h"
@@ -89,7 +91,10 @@ uint64_t request_hash(const std::vector<planner::LoadWant>& wants, const LoadOpt
     XXH3_64bits_update(&h, &n, sizeof n);
     XXH3_64bits_update(&h, sig.data(), sig.size());
   }
-  const uint8_t flags[4] = {options.strict, options.convert_dtype, options.zero_redundancy, options.aggregate_reads};
+  // verify_checksums too: a load that verifies every region needs the metadata of all tensors,
+  // where the cached one may hold only this rank's.
+  const uint8_t flags[5] = {options.strict, options.convert_dtype, options.zero_redundancy, options.aggregate_reads,
+                            options.verify_checksums};
   XXH3_64bits_update(&h, flags, sizeof flags);
   return XXH3_64bits_digest(&h);
 }
@@ -132,24 +137,81 @@ planner::StoredTensor stored_of(const CheckpointInfo& info, const std::string& k
 
 // ---- Phase 1: metadata --------------------------------------------------------------------
 
-// The coordinator resolves `latest` and reads the metadata; every rank receives the same bytes
-// and opens the data file. Unless every rank has this exact metadata and request set planned
-// already, each parses and validates the metadata and checks its items against it. One
-// agreement ends the phase; `*replan` says whether the plan must be made again.
+// The coordinator's view of a checkpoint: its directory and the text of metadata.json, and for
+// format v2 the index image (`*image`), read from the data file and validated there, once for all
+// ranks.
+Result<std::string> read_metadata_message(const std::string& path, std::vector<char>* image) {
+  H5CKPT_ASSIGN_OR_RETURN(std::string dir, storage::resolve_checkpoint_dir(path));
+  H5CKPT_ASSIGN_OR_RETURN(std::string text,
+                          storage::read_whole_file((fs::path(dir) / storage::kMetadataFileName).string()));
+  if (storage::declared_format_version(text) == static_cast<uint64_t>(storage::v2::kFormatVersion)) {
+    H5CKPT_ASSIGN_OR_RETURN(storage::v2::Summary summary, storage::v2::parse_summary(text));
+    H5CKPT_ASSIGN_OR_RETURN(auto reader, storage::RegionReader::open((fs::path(dir) / storage::kDataFileName).string()));
+    H5CKPT_ASSIGN_OR_RETURN(*image, storage::v2::read_image(summary, reader));
+    H5CKPT_RETURN_IF_ERROR(
+        storage::v2::Index::open(summary, image->data(), image->size(), reader.file_size(), /*validate=*/true).status());
+  }
+  return wire::encode_pair(dir, text);
+}
+
+// This rank's CheckpointInfo: for format v2 only the tensors it loads (all of them when every
+// region is verified, which splits all regions over the ranks), read in place from its node's one
+// copy of the image the coordinator validated (comm::NodeShared, freed before returning); format
+// v1 parses and validates the whole JSON. For format v2 collective (the node's shared memory):
+// every rank takes part, also one that builds nothing (`build` false: its plan is cached, or it
+// could not open the data file).
+Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text, const std::vector<char>& image,
+                                     bool build) {
+  if (storage::declared_format_version(text) != static_cast<uint64_t>(storage::v2::kFormatVersion)) {
+    if (!build) return CheckpointInfo{};
+    return storage::metadata_from_json(text, run.reader ? run.reader->file_size() : 0);
+  }
+  // Same text on every rank: every rank takes this path, and fails here alike.
+  H5CKPT_ASSIGN_OR_RETURN(storage::v2::Summary summary, storage::v2::parse_summary(text));
+  const uint64_t size = summary.image_bytes();
+  auto shared = run.topo.share_with_nodes(size, [&](char* out) {
+    if (image.size() != size)
+      return Status(ErrorCode::kInternal, "index image of " + std::to_string(image.size()) + " bytes, summary says " +
+                                              std::to_string(size));
+    std::memcpy(out, image.data(), size);
+    return Status::Ok();
+  });
+  H5CKPT_RETURN_IF_ERROR(shared.status());
+  auto index = storage::v2::Index::open(summary, shared->data(), size, 0, /*validate=*/false);
+  Result<CheckpointInfo> info = index.status();
+  if (!build) {
+    info = CheckpointInfo{};
+  } else if (index.ok()) {
+    if (run.options.verify_checksums) {
+      info = index->to_info();
+    } else {
+      std::vector<std::string> keys;
+      keys.reserve(run.wants.size());
+      for (const auto& w : run.wants) keys.push_back(w.desc.key);
+      info = index->to_info(&keys);
+    }
+  }
+  // Nobody frees the node's copy (collective) while another rank of the node still reads it.
+  Status read_done = shared->sync(run.topo.node.get());
+  if (!read_done.ok() && info.ok()) info = read_done;
+  return info;
+}
+
+// The coordinator resolves `latest` and reads the metadata (format v2: and the index image);
+// every rank receives the same bytes and opens the data file. Unless every rank has this exact
+// metadata and request set planned already, each builds the metadata of the tensors it loads
+// and checks its items against it. One agreement ends the phase; `*replan` says whether the plan
+// must be made again.
 Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, bool* host_only) {
   PhaseScope scope("load", "metadata");
   Result<std::string> text = std::string();
-  if (run.coordinator()) {
-    auto dir = storage::resolve_checkpoint_dir(path);
-    auto json = dir.ok() ? storage::read_whole_file((fs::path(*dir) / storage::kMetadataFileName).string())
-                         : Result<std::string>(dir.status());
-    text = json.ok() ? Result<std::string>(wire::encode_pair(*dir, *json)) : Result<std::string>(json.status());
-  }
+  std::vector<char> image;  // coordinator, format v2: the validated index image
+  if (run.coordinator()) text = read_metadata_message(path, &image);
   auto msg = bcast_outcome(text, run.topo);
   if (!msg.ok()) return msg.status().with_context("load '" + path + "'");
-  H5CKPT_ASSIGN_OR_RETURN(auto dir_json, wire::decode_pair(*msg));
-  const std::string& json = dir_json.second;
-  run.report.path = dir_json.first;
+  H5CKPT_ASSIGN_OR_RETURN(auto dir_meta, wire::decode_pair(*msg));
+  const std::string& json = dir_meta.second;
+  run.report.path = dir_meta.first;
   run.where = "load '" + run.report.path + "'";
   run.data_file = (fs::path(run.report.path) / storage::kDataFileName).string();
 
@@ -162,6 +224,7 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
     local = r.status();
   }
   run.wants = describe_wants(run.state);
+  // A v2 summary carries its tables' checksums, so its hash covers the image too.
   const uint64_t meta_hash = XXH3_64bits(json.data(), json.size());
   const uint64_t req_hash = request_hash(run.wants, run.options);
   LoadPlanCache& cache = run.cache;
@@ -169,10 +232,10 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   flags[0] = local.ok() && cache.info && cache.meta_hash == meta_hash && cache.request_hash == req_hash &&
              cache.data_size == run.reader->file_size();
   flags[1] = std::none_of(run.wants.begin(), run.wants.end(), [](const auto& w) { return w.on_device; });
+  auto parsed = rank_metadata(run, json, image, !flags[0] && local.ok());
   if (!flags[0]) {
     cache = LoadPlanCache{};
     if (local.ok()) {
-      auto parsed = storage::metadata_from_json(json, run.reader->file_size());
       if (parsed.ok()) cache.info = std::make_shared<const CheckpointInfo>(std::move(parsed).value());
       else local = parsed.status();
     }
@@ -199,7 +262,7 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
 
 // The coordinator gathers every rank's requests up the tree, plans, and scatters each rank its
 // roles and whether any rank has device items or device replicas to move. One agreement.
-Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags[2]) {
+Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags[2], bool zero_redundancy) {
   std::vector<wire::LoadRequestEntry> mine(run.wants.size());
   for (size_t i = 0; i < run.wants.size(); ++i) {
     mine[i].skip = run.wants[i].skip;
@@ -232,7 +295,7 @@ Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags
     std::vector<std::vector<planner::ItemRole>> roles(world);
     int flags[2] = {0, 0};
     if (decoded) {
-      const planner::LoadPlan plan = planner::plan_load(reqs, run.options.zero_redundancy);
+      const planner::LoadPlan plan = planner::plan_load(reqs, zero_redundancy);
       roles = planner::assign_roles(plan, item_of, items);
       for (size_t r = 0; r < world; ++r)
         for (size_t i = 0; i < roles[r].size(); ++i)
@@ -301,9 +364,16 @@ Status plan_reads(LoadRun& run, bool host_only) {
       if (!run.wants[i].skip) roles[i].role = Role::kRead;
   } else {
     int device_flags[2] = {0, 0};  // {device items anywhere, device replicas to move anywhere}
-    H5CKPT_ASSIGN_OR_RETURN(roles, plan_roles(run, device_flags));
+    H5CKPT_ASSIGN_OR_RETURN(roles, plan_roles(run, device_flags, run.options.zero_redundancy));
     cache.any_device = device_flags[0] != 0;
     if (device_flags[1]) H5CKPT_RETURN_IF_ERROR(link_devices(run));
+    // Under a memory budget, device replicas moved over MPI would have to be staged whole in host
+    // memory on both sides: without a device transport every rank reads its own device items
+    // instead (same decision on every rank: the budget and the link outcome are the same).
+    if (device_flags[1] && run.copts.memory_bytes && !run.link.transport) {
+      H5CKPT_ASSIGN_OR_RETURN(roles, plan_roles(run, device_flags, /*zero_redundancy=*/false));
+      cache.any_device = device_flags[0] != 0;
+    }
   }
   // File order needs tags that tell the groups apart; a device transport matches by order only.
   int groups = 0;
@@ -337,89 +407,220 @@ Status read_boxes(const CheckpointInfo& info, storage::RegionReader& reader, con
   return Status::Ok();
 }
 
+// Under a memory budget: reads one kRead device item through two host slots of `slot_bytes`,
+// a window of the item's buffer at a time (a flat element range of its layout, so any budget that
+// holds one element progresses): window k is read into slot k % 2 while window k - 1 goes up to
+// the device. Returns once every copy of the item has completed.
+Status stream_to_device(const CheckpointInfo& info, storage::RegionReader& reader, const StateItem& item,
+                        const ReadItem& r, char* slots, uint64_t slot_bytes, device::Staging& dev) {
+  const TensorInfo* t = info.find(item.key);
+  const uint64_t es = dtype_size(item.dtype);
+  const int64_t n = item.shard.numel();
+  const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(slot_bytes / es));
+  const int64_t base = item.shard.flat ? item.shard.flat->first : 0;
+  uint64_t marker[2] = {0, 0};
+  int s = 0;
+  for (int64_t a = 0; a < n; a += per, s ^= 1) {
+    const int64_t b = std::min(n, a + per);
+    const uint64_t bytes = static_cast<uint64_t>(b - a) * es;
+    H5CKPT_RETURN_IF_ERROR(dev.wait(marker[s]));  // the slot's previous window is on the device
+    char* buf = slots + s * slot_bytes;
+    if (r.zero_fill) std::memset(buf, 0, bytes);
+    const ShardSpec window = ShardSpec::flat_range(item.shard.box, base + a, base + b);
+    const planner::Frame frame = planner::frame_of(window);
+    for (const Box& piece : planner::shard_boxes(window))
+      for (const Box& box : r.boxes)
+        if (auto p = planner::intersect(piece, box))
+          H5CKPT_RETURN_IF_ERROR(reader.read(*t, *p, frame, item.dtype, buf));
+    H5CKPT_RETURN_IF_ERROR(dev.copy_to_device(static_cast<char*>(item.data) + a * es, buf, bytes));
+    marker[s] = dev.record();
+  }
+  return dev.wait(std::max(marker[0], marker[1]));
+}
+
 // Two-phase reads of every item: the file pieces each item wants go to aggregated_read; items
-// stored in another dtype land in a buffer of the stored dtype first and are converted after.
+// stored in another dtype land in a buffer of the stored dtype first and are converted after;
+// verified spans land in a buffer of whole blocks, are checked, then copied out. Those buffers
+// ("units") are scratch memory: without a memory budget all of them exist at once and one
+// aggregated read fills them; under a budget two windows of a quarter of it at most go to the
+// reads, the rest holds units, and the units are read in rounds that fit it (verified spans split
+// into whole blocks), every rank taking part in as many rounds as the rank that needs most.
 Status execute_aggregated(LoadRun& run) {
   PhaseScope scope("load", "read");
   const CheckpointInfo& info = *run.cache.info;
-  std::vector<ReadPiece> pieces;
-  std::vector<std::pair<int, std::vector<char>>> converted;  // item, bytes in the stored dtype
-  struct Checked {
+  const uint64_t budget = run.copts.memory_bytes;
+  struct Unit {
     int item;
+    const ReadItem* read;
     const TensorInfo* tensor;
+    bool convert;             // a whole item in its stored dtype (else a checked span)
     storage::CheckedSpan span;
     Box want;
-    std::vector<char> bytes;  // the span's whole blocks, stored dtype
+    uint64_t bytes;           // scratch bytes
+    char* buf = nullptr;
   };
-  std::vector<Checked> checked;
+  // Under a budget: two windows of at most a quarter of it, the rest (at least half) for units.
+  const uint64_t window = budget ? std::max<uint64_t>(64, std::min(run.options.read_window_bytes, budget / 4))
+                                 : run.options.read_window_bytes;
+  const uint64_t room = budget ? budget - 2 * window : UINT64_MAX;
+  std::vector<ReadPiece> plain;  // straight into the caller's buffers
+  std::vector<Unit> units;
   Status prep;
-  for (const ReadItem& r : run.cache.plan.items) {
-    StateItem& it = run.state.items()[r.item];
-    if (r.stored.file_offset < 0) continue;  // empty tensor
+  auto want_pieces = [](std::vector<ReadPiece>& out, const ReadItem& r, const Box& box, const planner::Frame& to,
+                        char* base) {
     const uint64_t es = dtype_size(r.stored.dtype);
-    char* dst = static_cast<char*>(it.data);
-    if (r.stored.dtype != it.dtype) {
-      // (the inner buffer keeps its address when `converted` grows: vectors move their storage)
-      converted.emplace_back(r.item, std::vector<char>(static_cast<size_t>(it.shard.numel()) * es));
-      dst = converted.back().second.data();
-    } else if (r.zero_fill) {
-      std::memset(dst, 0, item_bytes(it));
-    }
     const planner::Frame src{Box{Shape(r.stored.shape.size(), 0), r.stored.shape}, 0};
+    planner::for_each_run(box, src, to, [&](int64_t si, int64_t di, int64_t count) {
+      out.push_back({static_cast<uint64_t>(r.stored.file_offset) + static_cast<uint64_t>(si) * es,
+                     static_cast<uint64_t>(count) * es, base + static_cast<uint64_t>(di) * es});
+    });
+  };
+  // The pieces of item `r` that land in its buffer `dst` (the caller's, or a conversion unit's):
+  // every box unverified, or the parts of unverified spans; verified spans become units when
+  // `add_checked`.
+  auto item_pieces = [&](std::vector<ReadPiece>& out, const ReadItem& r, char* dst, bool add_checked) {
+    const StateItem& it = run.state.items()[r.item];
     const planner::Frame frame = planner::frame_of(it.shard);
-    auto want_pieces = [&](const Box& box, const planner::Frame& to, char* base) {
-      planner::for_each_run(box, src, to, [&](int64_t si, int64_t di, int64_t count) {
-        pieces.push_back({static_cast<uint64_t>(r.stored.file_offset) + static_cast<uint64_t>(si) * es,
-                          static_cast<uint64_t>(count) * es, base + static_cast<uint64_t>(di) * es});
-      });
-    };
     const TensorInfo* t = info.find(it.key);
+    const uint64_t es = dtype_size(r.stored.dtype);
     for (const Box& box : r.boxes) {
       if (!run.options.verify) {
-        want_pieces(box, frame, dst);
+        if (dst) want_pieces(out, r, box, frame, dst);
         continue;
       }
-      // Verified: whole blocks land in a buffer of their own, checked and copied out after.
       auto spans = storage::checked_spans(*t, box);
-      if (!spans.ok()) {  // still take part in the collective read below
+      if (!spans.ok()) {  // still take part in the collective reads below
         if (prep.ok()) prep = spans.status().with_context("key '" + it.key + "'");
         continue;
       }
       for (const auto& span : *spans) {
         if (!span.verified) {
           for (const Box& piece : storage::span_boxes(*t, span))
-            if (auto p = planner::intersect(piece, box)) want_pieces(*p, frame, dst);
+            if (auto p = planner::intersect(piece, box); p && dst) want_pieces(out, r, *p, frame, dst);
           continue;
         }
-        checked.push_back({r.item, t, span, box, std::vector<char>(static_cast<size_t>(span.end - span.begin) * es)});
-        const planner::Frame to = storage::span_frame(*t, span);
-        for (const Box& piece : storage::span_boxes(*t, span)) want_pieces(piece, to, checked.back().bytes.data());
+        if (!add_checked) continue;
+        // Under a budget a span is cut into runs of whole blocks that fit the scratch space.
+        const storage::RegionBlocks rb = storage::region_blocks(*t, t->regions[span.region]);
+        const int64_t be = std::max<int64_t>(1, static_cast<int64_t>(rb.block_bytes / es));
+        const int64_t step =
+            budget ? std::max<int64_t>(1, static_cast<int64_t>((room - kStagingAlign) / std::max<uint64_t>(rb.block_bytes, 1))) * be
+                   : span.end - span.begin;
+        for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
+          const storage::CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
+          units.push_back({r.item, &r, t, false, chunk, box, static_cast<uint64_t>(chunk.end - chunk.begin) * es});
+        }
       }
+    }
+  };
+  for (const ReadItem& r : run.cache.plan.items) {
+    StateItem& it = run.state.items()[r.item];
+    if (r.stored.file_offset < 0) continue;  // empty tensor
+    if (r.stored.dtype != it.dtype) {  // the conversion unit comes before the item's checked spans
+      units.push_back({r.item, &r, info.find(it.key), true, {}, {},
+                       static_cast<uint64_t>(it.shard.numel()) * dtype_size(r.stored.dtype)});
+      item_pieces(plain, r, nullptr, /*add_checked=*/true);  // only the checked units now
+    } else {
+      if (r.zero_fill) std::memset(it.data, 0, item_bytes(it));
+      item_pieces(plain, r, static_cast<char*>(it.data), /*add_checked=*/true);
     }
   }
+
+  // Scratch: units packed in order into rounds of at most `room` bytes (units of one item stay in
+  // order, so an item's conversion always precedes the copy-out of its checked spans).
+  auto aligned = [](uint64_t n) { return align_up(std::max<uint64_t>(n, 1)); };
+  std::vector<size_t> round_end;  // units [round_end[k-1], round_end[k]) form round k
+  uint64_t fill = 0, most = 0;
   Status local = prep;
-  auto done = aggregated_read(run.world(), run.data_file, std::move(pieces), run.options.read_window_bytes, run.pool);
-  if (done.ok() && local.ok()) {
-    run.report.bytes_read += done->bytes_read;
-    run.report.bytes_sent += done->bytes_sent;
-    run.report.bytes_received += done->bytes_received;
-    for (auto& [i, bytes] : converted) {
-      StateItem& it = run.state.items()[i];
-      if (!detail::convert_elements(bytes.data(), info.find(it.key)->dtype, it.data, it.dtype, it.shard.numel())) {
-        local = Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': cannot convert its stored dtype");
-        break;
+  for (size_t u = 0; u < units.size() && local.ok(); ++u) {
+    const uint64_t need = aligned(units[u].bytes);
+    if (need > room) {
+      const StateItem& it = run.state.items()[units[u].item];
+      local = Status(ErrorCode::kInvalidArgument,
+                     "key '" + it.key + "': a two-phase read needs " + std::to_string(need) + " bytes at once (" +
+                         (units[u].convert ? "its shard in the stored dtype, for conversion"
+                                           : "one verification block") +
+                         "), more than the " + std::to_string(room) + " bytes memory_bytes = " +
+                         std::to_string(budget) + " leaves beside the read windows");
+      break;
+    }
+    if (fill + need > room) {
+      round_end.push_back(u);
+      fill = 0;
+    }
+    units[u].buf = reinterpret_cast<char*>(static_cast<uintptr_t>(fill));  // an offset until placed
+    fill += need;
+    most = std::max(most, fill);
+  }
+  if (!units.empty()) round_end.push_back(units.size());
+  // The scratch and, under a budget, the windows: from the pool (its capacity is leased from the
+  // budget); without a budget the scratch is one buffer leased for this load only.
+  std::vector<char> heap;
+  MemoryBudget::Lease heap_lease;
+  char* scratch = nullptr;
+  char* slots = nullptr;
+  if (local.ok()) {
+    if (budget) {
+      run.pool.reserve(2 * window + most);
+      if (run.pool.capacity() < 2 * window + most)
+        local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(2 * window + most) +
+                                           " bytes of read windows and buffers within memory_bytes = " +
+                                           std::to_string(budget));
+      slots = run.pool.base();
+      scratch = slots + 2 * window;
+    } else if (most) {
+      if (MemoryBudget* b = run.pool.budget(); b && b->try_reserve(most)) heap_lease = MemoryBudget::Lease(b, most);
+      heap.resize(most);
+      scratch = heap.data();
+    }
+  }
+  // Every rank learns the number of rounds (the most any rank needs) and any failure before any
+  // transfer: a budget too small is the same error on every rank, at the start.
+  int rounds = -static_cast<int>(round_end.size());  // agree() takes the minimum
+  H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world(), &rounds).with_context(run.where));
+  rounds = std::max(1, -rounds);
+  for (Unit& u : units) u.buf = scratch + reinterpret_cast<uintptr_t>(u.buf);
+
+  size_t first = 0;
+  for (int k = 0; k < rounds; ++k) {
+    const size_t last = k < static_cast<int>(round_end.size()) ? round_end[k] : first;
+    std::vector<ReadPiece> pieces;
+    if (k == 0) pieces = std::move(plain);
+    for (size_t u = first; u < last; ++u) {
+      Unit& unit = units[u];
+      if (unit.convert) {
+        std::memset(unit.buf, 0, unit.bytes);  // zero-filled padding rows convert to zeros
+        item_pieces(pieces, *unit.read, unit.buf, /*add_checked=*/false);
+      } else {
+        const planner::Frame to = storage::span_frame(*unit.tensor, unit.span);
+        for (const Box& piece : storage::span_boxes(*unit.tensor, unit.span)) want_pieces(pieces, *unit.read, piece, to, unit.buf);
       }
     }
-    for (const Checked& c : checked) {  // after the conversions, which rewrite whole items
-      if (!local.ok()) break;
-      local = storage::check_span(*c.tensor, c.span, c.bytes.data()).with_context("key '" + c.tensor->key + "'");
-      StateItem& it = run.state.items()[c.item];
+    auto done = budget ? aggregated_read(run.world(), run.data_file, std::move(pieces), window, slots)
+                       : aggregated_read(run.world(), run.data_file, std::move(pieces), window, run.pool);
+    if (!done.ok()) {
+      if (local.ok()) local = done.status();
+    } else {
+      run.report.bytes_read += done->bytes_read;
+      run.report.bytes_sent += done->bytes_sent;
+      run.report.bytes_received += done->bytes_received;
+    }
+    for (size_t u = first; u < last && local.ok(); ++u) {  // conversions first: they rewrite whole items
+      const Unit& unit = units[u];
+      StateItem& it = run.state.items()[unit.item];
+      if (unit.convert && !detail::convert_elements(unit.buf, unit.tensor->dtype, it.data, it.dtype, it.shard.numel()))
+        local = Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': cannot convert its stored dtype");
+    }
+    for (size_t u = first; u < last && local.ok(); ++u) {
+      const Unit& unit = units[u];
+      if (unit.convert) continue;
+      StateItem& it = run.state.items()[unit.item];
+      local = storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
       if (local.ok())
-        storage::copy_span_out(*c.tensor, c.span, c.bytes.data(), c.want, planner::frame_of(it.shard), it.dtype,
+        storage::copy_span_out(*unit.tensor, unit.span, unit.buf, unit.want, planner::frame_of(it.shard), it.dtype,
                                it.data);
     }
-  } else if (local.ok()) {
-    local = done.status();
+    first = last;
   }
   run.report.read_s = now_s() - run.t0 - run.report.plan_s;
   return comm::agree(local, run.world()).with_context(run.where);
@@ -445,22 +646,44 @@ Status execute_per_item(LoadRun& run) {
   std::vector<char*> landing(plan.size());
   Status local;
   uint64_t staged_bytes = 0;
+  // Under a memory budget, device items this rank reads stream through two slots per reader
+  // thread (stream_to_device) instead of being staged whole; the plan (plan_reads) leaves no
+  // device bytes to stage for MPI transfers then.
+  const uint64_t budget = run.copts.memory_bytes;
+  auto streamed = [&](const ReadItem& r) { return budget && r.on_device && r.role != Role::kReceive; };
+  bool any_streamed = false;
   for (size_t k = 0; k < plan.size(); ++k) {
     landing[k] = static_cast<char*>(item_of(plan[k]).data);
-    if (plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport))
+    if (streamed(plan[k])) {
+      landing[k] = nullptr;
+      any_streamed = any_streamed || plan[k].bytes > 0;
+    } else if (plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport)) {
       staged_bytes += align_up(plan[k].bytes);
+    }
+  }
+  const std::vector<size_t>& reads = cache.plan.read_order;
+  int threads = std::max(1, std::min<int>(run.copts.io_threads, static_cast<int>(reads.size())));
+  uint64_t slot_bytes = 0;
+  if (any_streamed) {  // two slots per reader thread, each at least kStagingAlign bytes
+    threads = std::max(1, std::min<int>(threads, static_cast<int>(budget / (2 * kStagingAlign))));
+    slot_bytes = budget / (2 * static_cast<uint64_t>(threads)) / kStagingAlign * kStagingAlign;
   }
   if (cache.any_device) {  // same on every rank: the staging outcome is agreed before any transfer
-    if (staged_bytes) {
-      run.pool.reserve(staged_bytes);
-      if (run.pool.capacity() < staged_bytes)
-        local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(staged_bytes) +
-                                           " bytes of host staging for device buffers");
+    if (budget && staged_bytes) {
+      local = Status(ErrorCode::kInternal, "a load under memory_bytes would stage " + std::to_string(staged_bytes) +
+                                               " bytes of device items whole");
+    } else if (staged_bytes || any_streamed) {
+      const uint64_t want = any_streamed ? 2 * threads * slot_bytes : staged_bytes;
+      run.pool.reserve(want);
+      if (run.pool.capacity() < want)
+        local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(want) +
+                                           " bytes of host staging for device buffers" +
+                                           (budget ? " within memory_bytes = " + std::to_string(budget) : ""));
     }
     H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world()).with_context(run.where));
     uint64_t off = 0;
     for (size_t k = 0; k < plan.size(); ++k)
-      if (plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport)) {
+      if (!streamed(plan[k]) && plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport)) {
         landing[k] = run.pool.base() + off;
         off += align_up(plan[k].bytes);
       }
@@ -475,14 +698,15 @@ Status execute_per_item(LoadRun& run) {
 
   // Reader threads (own file handles) read ahead in the plan's read order; this thread posts each
   // item's sends as soon as it is complete.
-  const std::vector<size_t>& reads = cache.plan.read_order;
   std::vector<Status> read_status(reads.size());
   std::vector<char> read_done(reads.size(), 0);
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> extra_bytes{0};
-  auto worker = [&](storage::RegionReader* rdr) {
+  device::Staging& staging = device::staging();
+  auto worker = [&](storage::RegionReader* rdr, int index) {
+    char* slots = any_streamed ? run.pool.base() + 2 * static_cast<uint64_t>(index) * slot_bytes : nullptr;
     PhaseScope scope("load", "read");  // a stuck read names its phase in the deadline report
     std::optional<storage::RegionReader> own;
     Status open_st;
@@ -498,7 +722,9 @@ Status execute_per_item(LoadRun& run) {
     }
     for (size_t n; (n = next.fetch_add(1)) < reads.size();) {
       const ReadItem& r = plan[reads[n]];
-      Status s = rdr ? read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]) : open_st;
+      Status s = !rdr          ? open_st
+                 : streamed(r) ? stream_to_device(info, *rdr, item_of(r), r, slots, slot_bytes, staging)
+                               : read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]);
       std::lock_guard<std::mutex> lock(mu);
       read_status[n] = s.ok() ? s : s.with_context("key '" + item_of(r).key + "'");
       read_done[n] = 1;
@@ -509,11 +735,9 @@ Status execute_per_item(LoadRun& run) {
   std::vector<std::thread> helpers;
   std::thread main_reader;
   if (local.ok()) {
-    const int threads = std::max(1, std::min<int>(run.copts.io_threads, static_cast<int>(reads.size())));
-    for (int t = 1; t < threads; ++t) helpers.emplace_back(worker, nullptr);
-    main_reader = std::thread(worker, &*run.reader);
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(worker, nullptr, t);
+    main_reader = std::thread(worker, &*run.reader, 0);
   }
-  device::Staging& staging = device::staging();
   const double t_plan = run.t0 + run.report.plan_s;
   for (size_t n = 0; n < reads.size(); ++n) {
     const size_t k = reads[n];
@@ -524,7 +748,7 @@ Status execute_per_item(LoadRun& run) {
       if (local.ok() && !read_status[n].ok()) local = read_status[n];
     }
     void* device_ptr = item_of(r).data;
-    if (r.on_device && local.ok() && r.bytes > 0) {  // to the device while the next items are read
+    if (r.on_device && !streamed(r) && local.ok() && r.bytes > 0) {  // to the device while the next items are read
       Status s = staging.copy_to_device(device_ptr, landing[k], r.bytes);
       if (!s.ok()) local = s.with_context("key '" + item_of(r).key + "'");
     }

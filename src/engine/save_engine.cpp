@@ -436,7 +436,8 @@ Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, cons
   const bool any_device = has_device_items(state);
   // Device pieces are bounded by half the pool (or kDeviceHalfBytes when the pool is unbounded).
   constexpr uint64_t kDeviceHalfBytes = 64ull << 20;
-  const uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;
+  uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;
+  if (copts.memory_bytes) bound = std::min<uint64_t>(bound, copts.memory_bytes / 2);  // both halves fit the budget
   const uint64_t half = any_device ? std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes, bound)) : 0;
   auto writes = plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes);
   // The snapshot must see the state as it is once the trainer's queued device work is done.

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "device/staging.h"
+#include "engine/memory_budget.h"
 
 namespace h5ckpt::engine {
 
@@ -10,6 +11,7 @@ StagingPool::~StagingPool() { free_memory(); }
 
 void StagingPool::free_memory() {
   if (base_) allocator_->free_host(base_, capacity_);
+  if (budget_) budget_->release(capacity_);
   base_ = nullptr;
   capacity_ = 0;
 }
@@ -18,8 +20,12 @@ void StagingPool::reserve(size_t bytes) {
   if (bytes == 0) return;
   if (bytes <= capacity_ && allocator_ == &device::staging()) return;
   free_memory();
+  head_ = 0;
+  blocks_.clear();
+  if (budget_ && !budget_->try_reserve(bytes)) return;  // over budget: no pool
   allocator_ = &device::staging();
   base_ = static_cast<char*>(allocator_->alloc_host(bytes));
+  if (!base_ && budget_) budget_->release(bytes);
   capacity_ = base_ ? bytes : 0;
   // Touch every page now: first-touch faults would otherwise land in the timed snapshot.
   if (base_) std::memset(base_, 0, capacity_);

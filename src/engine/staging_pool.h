@@ -16,6 +16,8 @@ class Staging;
 
 namespace h5ckpt::engine {
 
+class MemoryBudget;
+
 class StagingPool {
  public:
   StagingPool() = default;
@@ -24,7 +26,12 @@ class StagingPool {
   ~StagingPool();
 
   /// Allocates `bytes` of page-touched memory if the pool is smaller; call only while idle.
+  /// With a budget, the capacity is leased from it: a pool the budget cannot hold is not
+  /// allocated (capacity() stays below `bytes`; callers check it).
   void reserve(size_t bytes);
+  /// The budget the pool's capacity is leased from (set once, before the first reserve).
+  void set_budget(MemoryBudget* budget) { budget_ = budget; }
+  MemoryBudget* budget() const { return budget_; }
   size_t capacity() const { return capacity_; }
   /// The whole pool, for a caller that uses it outside the ring (only while idle).
   char* base() { return base_; }
@@ -46,6 +53,7 @@ class StagingPool {
   std::condition_variable cv_;
   void free_memory();
   device::Staging* allocator_ = nullptr;  // who allocated base_
+  MemoryBudget* budget_ = nullptr;        // capacity_ is leased from it
   char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t head_ = 0;  // next free byte

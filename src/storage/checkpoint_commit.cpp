@@ -6,7 +6,9 @@
 #include "storage/commit.h"
 #include "storage/h5_writer.h"
 #include "storage/hdf5_util.h"
+#include "storage/meta_v2.h"
 #include "storage/metadata.h"
+#include "storage/region_reader.h"
 
 namespace h5ckpt::storage {
 
@@ -41,17 +43,40 @@ CheckpointInfo assemble_info(const SavedCheckpoint& saved) {
   return info;
 }
 
+namespace {
+
+// The tables of the index as written: each must read back, byte for byte, at the offset the
+// summary records, since readers pread them there without HDF5.
+Status check_tables_read_back(const std::string& data_file, const v2::Encoded& index, const std::string& summary) {
+  H5CKPT_ASSIGN_OR_RETURN(v2::Summary parsed, v2::parse_summary(summary));
+  H5CKPT_ASSIGN_OR_RETURN(RegionReader reader, RegionReader::open(data_file));
+  H5CKPT_ASSIGN_OR_RETURN(std::vector<char> image, v2::read_image(parsed, reader));
+  if (image != index.image())
+    return Status(ErrorCode::kInternal, "the index tables in '" + data_file +
+                                            "' do not read back at the offsets HDF5 reported for them");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status commit_checkpoint(const std::string& temp, const std::string& final_dir, const SavedCheckpoint& saved,
                          bool overwrite, bool point_latest) {
   const std::string data_file = (fs::path(temp) / kDataFileName).string();
-  const std::string json = metadata_to_json(assemble_info(saved));
-  Status st;
-  {
-    std::lock_guard<std::mutex> lock(hdf5_lock());
-    st = write_meta_group(data_file, json, kFormatVersion, H5CKPT_VERSION);
+  Result<v2::Encoded> index = v2::encode(assemble_info(saved));
+  Status st = index.status();
+  std::string summary;
+  if (st.ok()) {
+    auto offsets = [&] {
+      std::lock_guard<std::mutex> lock(hdf5_lock());
+      return write_meta_group(data_file, *index, H5CKPT_VERSION);
+    }();
+    st = offsets.status();
+    // The file is closed: the offsets are final, and the summary that points at them can be made.
+    if (st.ok()) summary = index->summary_json(*offsets);
   }
+  if (st.ok()) st = check_tables_read_back(data_file, *index, summary);
   if (st.ok()) st = fsync_path(data_file);
-  if (st.ok()) st = write_file_atomic((fs::path(temp) / kMetadataFileName).string(), json);
+  if (st.ok()) st = write_file_atomic((fs::path(temp) / kMetadataFileName).string(), summary);
   if (st.ok()) st = fsync_path(temp);
   if (st.ok()) st = publish_dir(temp, final_dir, overwrite);
   if (!st.ok()) {

@@ -1,6 +1,7 @@
 // The whole commit of a save in one call: the metadata assembled from the plan, the file
-// offsets and the checksums; written into the data file's /meta group and metadata.json; then
-// the atomic publish and the `latest` pointer. Run by the coordinator only.
+// offsets and the checksums; written as the format-v2 index tables into the data file's /meta
+// group, then metadata.json, the summary that points at them; then the atomic publish and the
+// `latest` pointer. Run by the coordinator only.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,8 @@ struct SavedCheckpoint {
 /// The metadata of a saved checkpoint (paths excluded).
 CheckpointInfo assemble_info(const SavedCheckpoint& saved);
 
-/// Writes the metadata of `saved` into `temp` (the /meta group of its data file and
-/// metadata.json, each fsynced), publishes `temp` as `final_dir` (replacing an existing one only
+/// Writes the metadata of `saved` into `temp` (the index tables in the /meta group of its data
+/// file, read back to check their offsets, and the metadata.json summary, each fsynced), publishes `temp` as `final_dir` (replacing an existing one only
 /// with `overwrite`) and, with `point_latest`, points `latest` at it. On failure before the
 /// publish the temporary directory is removed.
 Status commit_checkpoint(const std::string& temp, const std::string& final_dir, const SavedCheckpoint& saved,

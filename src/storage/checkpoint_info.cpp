@@ -20,7 +20,7 @@ Result<storage::OpenedCheckpoint> storage::open_checkpoint(const std::string& pa
   H5CKPT_ASSIGN_OR_RETURN(std::string json, read_whole_file((fs::path(dir) / kMetadataFileName).string()));
   const std::string data = (fs::path(dir) / kDataFileName).string();
   H5CKPT_ASSIGN_OR_RETURN(auto reader, RegionReader::open(data));
-  H5CKPT_ASSIGN_OR_RETURN(CheckpointInfo info, metadata_from_json(json, reader.file_size()));
+  H5CKPT_ASSIGN_OR_RETURN(CheckpointInfo info, read_metadata(json, reader));
   info.path = dir;
   info.data_file = fs::absolute(data).string();
   return OpenedCheckpoint{std::move(info), std::move(reader)};

@@ -20,6 +20,7 @@
 #include "metrics/log.h"
 #include "storage/metadata.h"
 #include "storage/posix_io.h"
+#include "storage/region_reader.h"
 
 namespace h5ckpt::storage {
 
@@ -286,21 +287,50 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
   return name;
 }
 
+namespace {
+
+// A file descriptor closed on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
 Status validate_checkpoint_dir(const std::string& dir) {
   const std::string meta = (fs::path(dir) / kMetadataFileName).string();
   const std::string data = (fs::path(dir) / kDataFileName).string();
+  // Both files through one handle on the directory: an overwriting save may exchange the
+  // directory's name with its replacement at any moment, and metadata.json of one checkpoint
+  // checked against data.h5 of the other would fail (format v2 checks the index tables in it).
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd < 0) return Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
   struct stat ms {
   }, ds{};
-  const bool has_meta = ::lstat(meta.c_str(), &ms) == 0;
-  const bool has_data = ::stat(data.c_str(), &ds) == 0;
+  const bool has_meta = ::fstatat(d.fd, kMetadataFileName, &ms, AT_SYMLINK_NOFOLLOW) == 0;
+  const bool has_data = ::fstatat(d.fd, kDataFileName, &ds, 0) == 0;
   if (!has_meta)
     return has_data ? Status(ErrorCode::kNotCommitted,
                              "'" + dir + "' has data but no " + kMetadataFileName + ": it was never committed")
                     : Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
   if (!has_data) return Status(ErrorCode::kCorrupt, "'" + dir + "' has no " + kDataFileName);
   if (!S_ISREG(ds.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data + "' is not a regular file");
-  H5CKPT_ASSIGN_OR_RETURN(std::string json, read_whole_file(meta));
-  return metadata_from_json(json, static_cast<uint64_t>(ds.st_size)).status().with_context("'" + meta + "'");
+  if (!S_ISREG(ms.st_mode)) return Status(ErrorCode::kCorrupt, "'" + meta + "' is not a regular file");
+  // O_NONBLOCK: should it have become a FIFO since the check, opening it must not wait for a writer.
+  Fd m{::openat(d.fd, kMetadataFileName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)};
+  if (m.fd < 0) return Status(ErrorCode::kIo, "cannot open '" + meta + "': " + std::strerror(errno));
+  Fd f{::openat(d.fd, kDataFileName, O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return Status(ErrorCode::kIo, "cannot open '" + data + "': " + std::strerror(errno));
+  // Each file again by its descriptor: the same inode, whatever the directory's name now names.
+  auto json = read_whole_file("/proc/self/fd/" + std::to_string(m.fd));
+  if (!json.ok()) return json.status().with_context("'" + meta + "'");
+  auto reader = RegionReader::open("/proc/self/fd/" + std::to_string(f.fd));
+  if (!reader.ok()) return reader.status().with_context("'" + data + "'");
+  // Only validation is wanted here: no tensor is materialized.
+  const std::vector<std::string> no_keys;
+  return read_metadata(*json, *reader, &no_keys).status().with_context("'" + meta + "'");
 }
 
 std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& root) {

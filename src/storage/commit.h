@@ -49,7 +49,8 @@ Status update_latest(const std::string& dir);
 Result<std::string> resolve_checkpoint_dir(const std::string& path);
 
 /// Complete validation of one checkpoint directory without trusting anything in it: regular
-/// metadata.json and data.h5, and metadata_from_json against the data file's size.
+/// metadata.json and data.h5, and read_metadata (format v2: the summary, the index tables it
+/// points at in the data file and every record; format v1: the JSON index).
 Status validate_checkpoint_dir(const std::string& dir);
 
 /// A committed checkpoint directly under a directory of checkpoints, with the step its metadata

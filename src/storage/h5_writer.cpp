@@ -1,5 +1,8 @@
 #include "storage/h5_writer.h"
 
+#include <cstddef>
+#include <tuple>
+
 #include "planner/box_math.h"
 #include "storage/mpi_hints.h"
 
@@ -88,29 +91,111 @@ Status ParallelWriter::close() {
   return st;
 }
 
-Status write_meta_group(const std::string& file, const std::string& metadata_json, int format_version,
-                        const std::string& library_version) {
+namespace {
+
+// HDF5 types of the v2 tables: the records' exact little-endian layouts (meta_v2.h), so the
+// bytes written are the records as they are and h5dump / h5py print their fields.
+Hid compound(size_t size, std::initializer_list<std::tuple<const char*, size_t, hid_t>> members) {
+  Hid t(H5Tcreate(H5T_COMPOUND, size));
+  for (const auto& [name, offset, type] : members) H5Tinsert(t.get(), name, offset, type);
+  return t;
+}
+
+// The dtype code as an enumeration: h5dump prints "bf16" rather than 4.
+Hid dtype_enum() {
+  Hid t(H5Tenum_create(H5T_STD_U8LE));
+  for (int d = 0; d <= static_cast<int>(DType::kBool); ++d) {
+    const uint8_t code = v2::dtype_code(static_cast<DType>(d));
+    H5Tenum_insert(t.get(), dtype_name(static_cast<DType>(d)), &code);
+  }
+  return t;
+}
+
+Hid table_type(v2::Table table) {
+  using v2::AttributeRecord;
+  using v2::ExtentRecord;
+  using v2::RegionRecord;
+  using v2::SavedCoordsRecord;
+  using v2::TensorRecord;
+  switch (table) {
+    case v2::Table::kTensors: {
+      Hid dtype = dtype_enum();
+      return compound(sizeof(TensorRecord), {{"key_offset", offsetof(TensorRecord, key_offset), H5T_STD_U64LE},
+                                             {"key_length", offsetof(TensorRecord, key_length), H5T_STD_U32LE},
+                                             {"dtype", offsetof(TensorRecord, dtype), dtype.get()},
+                                             {"ndim", offsetof(TensorRecord, ndim), H5T_STD_U8LE},
+                                             {"reserved", offsetof(TensorRecord, reserved), H5T_STD_U16LE},
+                                             {"shape_index", offsetof(TensorRecord, shape_index), H5T_STD_U64LE},
+                                             {"nbytes", offsetof(TensorRecord, nbytes), H5T_STD_U64LE},
+                                             {"file_offset", offsetof(TensorRecord, file_offset), H5T_STD_I64LE},
+                                             {"first_region", offsetof(TensorRecord, first_region), H5T_STD_U64LE},
+                                             {"region_count", offsetof(TensorRecord, region_count), H5T_STD_U64LE},
+                                             {"first_block", offsetof(TensorRecord, first_block), H5T_STD_U64LE}});
+    }
+    case v2::Table::kRegions:
+      return compound(sizeof(RegionRecord), {{"writer", offsetof(RegionRecord, writer), H5T_STD_U32LE},
+                                             {"extent", offsetof(RegionRecord, extent), H5T_STD_U32LE}});
+    case v2::Table::kExtents:
+      return compound(sizeof(ExtentRecord), {{"box_index", offsetof(ExtentRecord, box_index), H5T_STD_U64LE},
+                                             {"flat_begin", offsetof(ExtentRecord, flat_begin), H5T_STD_I64LE},
+                                             {"flat_end", offsetof(ExtentRecord, flat_end), H5T_STD_I64LE},
+                                             {"block_bytes", offsetof(ExtentRecord, block_bytes), H5T_STD_U64LE},
+                                             {"ndim", offsetof(ExtentRecord, ndim), H5T_STD_U32LE},
+                                             {"flat", offsetof(ExtentRecord, flat), H5T_STD_U32LE}});
+    case v2::Table::kAttributes:
+      return compound(sizeof(AttributeRecord),
+                      {{"key_offset", offsetof(AttributeRecord, key_offset), H5T_STD_U64LE},
+                       {"value_offset", offsetof(AttributeRecord, value_offset), H5T_STD_U64LE},
+                       {"key_length", offsetof(AttributeRecord, key_length), H5T_STD_U32LE},
+                       {"value_length", offsetof(AttributeRecord, value_length), H5T_STD_U32LE}});
+    case v2::Table::kSavedCoords:
+      return compound(sizeof(SavedCoordsRecord), {{"tp", offsetof(SavedCoordsRecord, tp), H5T_STD_I32LE},
+                                                  {"dp", offsetof(SavedCoordsRecord, dp), H5T_STD_I32LE},
+                                                  {"pp", offsetof(SavedCoordsRecord, pp), H5T_STD_I32LE}});
+    case v2::Table::kBlocks: return Hid(H5Tcopy(H5T_STD_U64LE));
+    case v2::Table::kCoords: return Hid(H5Tcopy(H5T_STD_I64LE));
+    case v2::Table::kNames: return Hid(H5Tcopy(H5T_STD_U8LE));
+  }
+  return Hid();
+}
+
+}  // namespace
+
+Result<std::array<int64_t, v2::kTableCount>> write_meta_group(const std::string& file, const v2::Encoded& index,
+                                                             const std::string& library_version) {
   hdf5_quiet();
+  std::array<int64_t, v2::kTableCount> offsets;
+  offsets.fill(-1);
   Hid f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   if (!f.valid()) return h5_error("cannot reopen '" + file + "' to add /meta");
   Hid g(H5Gcreate2(f.get(), "/meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (!g.valid()) return h5_error("cannot create /meta");
   H5CKPT_RETURN_IF_ERROR(write_string_attr(g.get(), "format", "h5ckpt"));
-  H5CKPT_RETURN_IF_ERROR(write_int_attr(g.get(), "format_version", format_version));
+  H5CKPT_RETURN_IF_ERROR(write_int_attr(g.get(), "format_version", v2::kFormatVersion));
   H5CKPT_RETURN_IF_ERROR(write_string_attr(g.get(), "library_version", library_version));
-  // The index as one fixed-length string: h5dump -d /meta/index prints the JSON.
-  Hid type(H5Tcopy(H5T_C_S1));
-  H5Tset_size(type.get(), metadata_json.size());
-  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-  Hid space(H5Screate(H5S_SCALAR));
-  Hid ds(H5Dcreate2(g.get(), "index", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid()) return h5_error("cannot create /meta/index");
-  if (H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, metadata_json.data()) < 0)
-    return h5_error("cannot write /meta/index");
-  ds.reset();
+  // Contiguous, allocated at creation: each table's bytes lie unchanged at one offset, which the
+  // summary records and readers pread (no HDF5 needed to read the index).
+  Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  for (size_t i = 0; i < v2::kTableCount; ++i) {
+    const auto table = static_cast<v2::Table>(i);
+    const std::string name = v2::table_name(table);
+    Hid type = table_type(table);
+    const hsize_t records = index.records[i];
+    Hid space(H5Screate_simple(1, &records, nullptr));
+    Hid ds(H5Dcreate2(g.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+    if (!type.valid() || !ds.valid()) return h5_error("cannot create /meta/" + name);
+    if (records == 0) continue;  // no storage, offset -1
+    if (H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, index.tables[i].data()) < 0)
+      return h5_error("cannot write /meta/" + name);
+    const haddr_t off = H5Dget_offset(ds.get());
+    if (off == HADDR_UNDEF) return h5_error("/meta/" + name + " has no contiguous storage");
+    offsets[i] = static_cast<int64_t>(off);
+  }
   g.reset();
   if (H5Fclose(f.release()) < 0) return h5_error("closing '" + file + "' after /meta failed");
-  return Status::Ok();
+  return offsets;
 }
 
 }  // namespace h5ckpt::storage

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "planner/save_planner.h"
 #include "storage/hdf5_util.h"
+#include "storage/meta_v2.h"
 
 namespace h5ckpt::storage {
 
@@ -40,9 +42,11 @@ class ParallelWriter {
   Hid dxpl_;
 };
 
-/// Adds the `/meta` group (attributes and the JSON index) to a closed data file, serially.
+/// Adds the `/meta` group to a closed data file, serially: the format attributes and one
+/// contiguous dataset per index table (format v2, storage/meta_v2.h). Returns where each table's
+/// bytes start in the file (-1 for an empty table), known once the file is closed again.
 /// Called by the coordinator only, after all ranks closed the file.
-Status write_meta_group(const std::string& file, const std::string& metadata_json, int format_version,
-                        const std::string& library_version);
+Result<std::array<int64_t, v2::kTableCount>> write_meta_group(const std::string& file, const v2::Encoded& index,
+                                                             const std::string& library_version);
 
 }  // namespace h5ckpt::storage

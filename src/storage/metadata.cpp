@@ -1,6 +1,9 @@
 #include "storage/metadata.h"
 
 #include "storage/verify_blocks.h"
+#include "storage/meta_v2.h"
+#include "storage/region_reader.h"
+#include "storage/signed_json.h"
 
 #include <xxhash.h>
 
@@ -23,35 +26,16 @@ uint64_t checksum_bytes(const void* data, size_t size) { return XXH3_64bits(data
 
 namespace {
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 Status corrupt(const std::string& why) { return Status(ErrorCode::kCorrupt, "metadata: " + why); }
 
-// An integer JSON value that fits T exactly; floats, and integers outside T's range (which
-// nlohmann's get<T>() would silently wrap), are refused.
 template <class T>
 bool as_int(const json& v, T* out) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (!std::in_range<T>(u)) return false;
-    *out = static_cast<T>(u);
-    return true;
-  }
-  if (!v.is_number_integer()) return false;
-  const int64_t i = v.get<int64_t>();
-  if (!std::in_range<T>(i)) return false;
-  *out = static_cast<T>(i);
-  return true;
+  return json_int(v, out);
 }
 
 template <class T>
 bool get_int(const json& j, const char* name, T* out) {
-  auto it = j.find(name);
-  return it != j.end() && as_int(*it, out);
+  return json_member_int(j, name, out);
 }
 
 // Reads an int64 array field; false if absent or of the wrong type.
@@ -74,37 +58,12 @@ bool get_str(const json& j, const char* name, std::string* out) {
   return true;
 }
 
-// Deepest bracket nesting outside strings, stopping early past `limit`. nlohmann::json's dump()
-// (run for the self-checksum) recurses once per level, so a document nested 100k deep would
-// overflow the stack before any field is looked at; this linear scan runs first.
-bool nesting_within(const std::string& text, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-// Format v1 nests 5 deep (tensors -> regions -> offset); newer writers get room to grow.
-constexpr int kMaxNesting = 64;
-
 }  // namespace
 
 std::string metadata_to_json(const CheckpointInfo& info) {
   json j;
   j["format"] = kFormatName;
-  j["format_version"] = kFormatVersion;
+  j["format_version"] = kFormatVersionV1;
   j["library_version"] = info.library_version;
   j["step"] = info.step;
   j["data_file"] = kDataFileName;
@@ -151,36 +110,22 @@ std::string metadata_to_json(const CheckpointInfo& info) {
     tensors.push_back(std::move(jt));
   }
   j["tensors"] = std::move(tensors);
-  // The checksum covers the compact dump of everything else; nlohmann sorts object keys, so the
-  // dump is canonical and a reader can recompute it.
-  // Invalid UTF-8 (only possible in caller attributes) is replaced rather than thrown: an
-  // exception here would leave the other ranks waiting in the commit agreement.
-  const auto repl = nlohmann::json::error_handler_t::replace;
-  const std::string body = j.dump(-1, ' ', false, repl);
-  j["index_xxh3"] = hex64(checksum_bytes(body.data(), body.size()));
-  return j.dump(-1, ' ', false, repl);
+  return dump_signed_json(std::move(j));
 }
 
 Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data_file_size) {
-  if (!nesting_within(text, kMaxNesting))
-    return corrupt("nested deeper than " + std::to_string(kMaxNesting) + " levels (damaged or hostile file)");
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return corrupt("not valid JSON (truncated or damaged file?)");
-  std::string sum;
-  if (!get_str(j, "index_xxh3", &sum)) return corrupt("missing index_xxh3 checksum");
-  j.erase("index_xxh3");
-  const std::string body = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (hex64(checksum_bytes(body.data(), body.size())) != sum)
-    return corrupt("checksum mismatch: the metadata was modified or damaged");
+  H5CKPT_ASSIGN_OR_RETURN(json j, parse_signed_json(text));
 
   CheckpointInfo info;
   std::string format;
   if (!get_str(j, "format", &format) || format != kFormatName) return corrupt("format is not 'h5ckpt'");
   if (auto v = j.find("format_version");
-      v != j.end() && v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersion))
-    return Status(ErrorCode::kUnsupported, "checkpoint format version " + std::to_string(v->get<uint64_t>()) +
-                                               " is newer than this library's (" + std::to_string(kFormatVersion) +
-                                               ")");
+      v != j.end() && v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersionV1))
+    return v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersion)
+               ? newer_than_library(v->get<uint64_t>())
+               : Status(ErrorCode::kUnsupported, "metadata: format version " + std::to_string(v->get<uint64_t>()) +
+                                                     " is not the JSON index of format version 1 (read it with "
+                                                     "read_metadata)");
   if (!get_int(j, "format_version", &info.format_version)) return corrupt("missing or out-of-range format_version");
   get_str(j, "library_version", &info.library_version);
   if (auto st = j.find("step"); st != j.end() && st->is_number() && !as_int(*st, &info.step))
@@ -262,14 +207,7 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
       }
       if (!get_int(jr, "writer", &r.writer_rank) || r.writer_rank < 0 || (world > 0 && r.writer_rank >= world))
         return bad("region writer rank invalid");
-      auto parse_hex = [](const json& v, uint64_t* out) {
-        if (!v.is_string()) return false;
-        const std::string& x = v.get_ref<const std::string&>();
-        if (x.size() != 16 || x.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
-        *out = std::stoull(x, nullptr, 16);
-        return true;
-      };
-      if (auto x = jr.find("xxh3"); x != jr.end() && !parse_hex(*x, &r.checksum))
+      if (auto x = jr.find("xxh3"); x != jr.end() && !parse_hex64(*x, &r.checksum))
         return bad("malformed region checksum");
       if (auto st = r.shard.validate(t.shape); !st.ok()) return corrupt(st.message()).with_context(t.key);
       if (r.shard.numel() == 0) return bad("empty region");
@@ -288,7 +226,7 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
                      " block checksums for " + std::to_string(block_count(region_bytes, r.block_bytes)) + " blocks");
         r.block_checksums.resize(sums->size());
         for (size_t k = 0; k < sums->size(); ++k)
-          if (!parse_hex((*sums)[k], &r.block_checksums[k])) return bad("malformed block checksum");
+          if (!parse_hex64((*sums)[k], &r.block_checksums[k])) return bad("malformed block checksum");
       }
       if (need_sums && r.checksum == 0 && r.block_checksums.empty())
         return bad("region " + to_string_spec(r.shard) + " has no checksum in a checkpoint saved with checksums");
@@ -325,6 +263,38 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].first < spans[i - 1].second) return corrupt("two datasets overlap in the data file");
   return info;
+}
+
+}  // namespace h5ckpt::storage
+
+namespace h5ckpt::storage {
+
+Status newer_than_library(uint64_t format_version) {
+  return Status(ErrorCode::kUnsupported, "checkpoint format version " + std::to_string(format_version) +
+                                             " is newer than this library's (" + std::to_string(kFormatVersion) + ")");
+}
+
+uint64_t declared_format_version(const std::string& metadata_text) {
+  // Every top-level member but format_version is dropped while parsing (a v1 index can be large).
+  json::parser_callback_t keep_version = [](int depth, json::parse_event_t event, json& parsed) {
+    return !(event == json::parse_event_t::key && depth == 1 && parsed != "format_version");
+  };
+  // Deeply nested garbage is the v1 reader's to refuse (it checks nesting before parsing).
+  json j = json::parse(metadata_text, keep_version, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return kFormatVersionV1;
+  auto v = j.find("format_version");
+  return v != j.end() && v->is_number_unsigned() ? v->get<uint64_t>() : kFormatVersionV1;
+}
+
+Result<CheckpointInfo> read_metadata(const std::string& metadata_text, RegionReader& data,
+                                     const std::vector<std::string>* only_keys) {
+  const uint64_t version = declared_format_version(metadata_text);
+  if (version != static_cast<uint64_t>(v2::kFormatVersion)) return metadata_from_json(metadata_text, data.file_size());
+  H5CKPT_ASSIGN_OR_RETURN(v2::Summary summary, v2::parse_summary(metadata_text));
+  H5CKPT_ASSIGN_OR_RETURN(std::vector<char> image, v2::read_image(summary, data));
+  H5CKPT_ASSIGN_OR_RETURN(v2::Index index,
+                          v2::Index::open(summary, image.data(), image.size(), data.file_size(), /*validate=*/true));
+  return index.to_info(only_keys);
 }
 
 }  // namespace h5ckpt::storage

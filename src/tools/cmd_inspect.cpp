@@ -93,14 +93,16 @@ int inspect_checkpoint(const InspectArgs& a, const std::string& path) {
   }
   if (a.regions) {
     std::cout << "\nsaved regions:\n";
-    Table regs({"key", "region", "box / flat range", "writer", "xxh3"}, {false, true, false, true, false});
+    // "blocks": verification block checksums; "xxh3": a format-v1 whole-region checksum.
+    Table regs({"key", "region", "box / flat range", "writer", "blocks", "xxh3"},
+               {false, true, false, true, true, false});
     for (const auto& t : info->tensors)
       for (size_t r = 0; r < t.regions.size(); ++r) {
+        const SavedRegion& reg = t.regions[r];
         char hex[17] = "-";
-        if (t.regions[r].checksum)
-          std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(t.regions[r].checksum));
-        regs.add(
-            {t.key, std::to_string(r), spec_str(t.regions[r].shard), std::to_string(t.regions[r].writer_rank), hex});
+        if (reg.checksum) std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(reg.checksum));
+        const std::string blocks = reg.block_checksums.empty() ? "-" : std::to_string(reg.block_checksums.size());
+        regs.add({t.key, std::to_string(r), spec_str(reg.shard), std::to_string(reg.writer_rank), blocks, hex});
       }
     regs.print(std::cout);
   }

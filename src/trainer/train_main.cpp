@@ -50,6 +50,7 @@ struct Options {
   std::string config_file;
   int64_t keep_last = -1, keep_every = -1;  // retention flags; -1: as configured
   double timeout_s = -1;                    // --timeout-s; -1: as configured
+  std::string memory_bytes;                 // --memory-bytes; empty: as configured
   Config ck;                                // resolved checkpointer, save and load settings
 };
 
@@ -475,6 +476,9 @@ int main(int argc, char** argv) {
                  "deadline in seconds of every wait of a save/load for other ranks; past it the job aborts "
                  "(0: none; default: checkpointer.timeout_s, 600)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--memory-bytes", o.memory_bytes,
+                 "bound of the memory h5ckpt takes for a save or load beyond the state (e.g. 512MiB; 0: none; "
+                 "default: checkpointer.memory_bytes)");
   app.add_option("--config", o.config_file,
                  "h5ckpt settings (TOML, see config/h5ckpt.toml); default $H5CKPT_CONFIG; H5CKPT_* "
                  "environment variables override the file");
@@ -500,6 +504,15 @@ int main(int argc, char** argv) {
   if (o.keep_last >= 0) o.ck.checkpointer.keep_last = o.keep_last;  // flags override file and environment
   if (o.keep_every >= 0) o.ck.checkpointer.keep_every = o.keep_every;
   if (o.timeout_s >= 0) o.ck.checkpointer.timeout_s = o.timeout_s;
+  if (!o.memory_bytes.empty()) {
+    auto bytes = parse_byte_size(o.memory_bytes);
+    if (!bytes.ok()) {
+      error("--memory-bytes: " + bytes.status().message());
+      MPI_Finalize();
+      return 2;
+    }
+    o.ck.checkpointer.memory_bytes = *bytes;
+  }
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

@@ -214,7 +214,7 @@ def check_inspect_dir(c):
 def check_inspect_checkpoint(c):
     path = c.ckpt("ckpts/step-20")
     j = c.json("inspect", path)
-    c.check(j["format_version"] == 1 and j["step"] == 20, f"format/step {j['format_version']} {j['step']}")
+    c.check(j["format_version"] == 2 and j["step"] == 20, f"format/step {j['format_version']} {j['step']}")
     c.check(j["topology"] == {"tp": 2, "dp": 1, "pp": 1, "world": 2}, f"topology {j['topology']}")
     c.check(j["attributes"].get("fixture") == "cli-tests", f"attributes {j['attributes']}")
     total = sum(int(np.prod(s)) * SIZE[dt] for _, dt, s, _ in MAIN)
@@ -232,7 +232,7 @@ def check_inspect_checkpoint(c):
     out = c.run("inspect", path, expect=0).stdout
     c.check(re.search(r"^step\s+20$", out, re.M) is not None, f"step line:\n{out}")
     c.check("tp=2 dp=1 pp=1 (world 2)" in out, "topology line")
-    c.check(re.search(r"^format version\s+1 ", out, re.M) is not None, "format line")
+    c.check(re.search(r"^format version\s+2 ", out, re.M) is not None, "format line")
     main_part, _, aux_part = out.partition("loader/extra items")
     c.check(aux_part != "", f"loader/extra section:\n{out}")
     for key, dtype, shape, _ in MAIN:
@@ -242,7 +242,38 @@ def check_inspect_checkpoint(c):
         c.check(row is not None, f"table row for {key} in the {'aux' if is_aux else 'tensor'} section")
     c.check(f"({total} bytes)" in out, "total line")
     out = c.run("inspect", path, "--regions", expect=0).stdout
-    c.check("saved regions" in out and "writer" in out, "--regions table")
+    c.check("saved regions" in out and "writer" in out and "blocks" in out, "--regions table")
+    # Small regions: one verification block each (about 1 MiB of whole slabs per block).
+    c.check(all(r["verify_blocks"] == 1 and r["block_bytes"] > 0 for t in j["tensors"] for r in t["regions"]),
+            "every region has one verification block")
+    check_index_tables(c, path, j)
+
+
+def check_index_tables(c, path, j):
+    """The format-v2 index read without h5ckpt: metadata.json's table offsets hold exactly the
+    bytes h5py reads from the /meta datasets, and the tensors table agrees with `inspect --json`."""
+    with open(os.path.join(path, "metadata.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    c.check(summary["format_version"] == 2 and "tensors" not in summary, "metadata.json is a v2 summary")
+    with open(os.path.join(path, "data.h5"), "rb") as f:
+        raw = f.read()
+    tables = {}
+    for name, t in summary["tables"].items():
+        tables[name] = raw[t["offset"]:t["offset"] + t["bytes"]] if t["bytes"] else b""
+        c.check(len(tables[name]) == t["records"] * t["record_bytes"], f"table {name} size")
+    names = tables["names"]
+    by_key = {}
+    for k in range(summary["tables"]["tensors"]["records"]):
+        (key_at, key_len, _dtype, _ndim, _res, _shape, nbytes, offset, _first, nregions,
+         _block) = struct.unpack_from("<QIBBHQQqQQQ", tables["tensors"], 64 * k)
+        by_key[names[key_at:key_at + key_len].decode()] = (nbytes, offset, nregions)
+    want = {t["key"]: (t["nbytes"], t["file_offset"], t["num_regions"]) for t in j["tensors"]}
+    c.check(by_key == want, f"tensors table vs inspect --json: {by_key} != {want}")
+    if h5py is None:  # main() said so already
+        return
+    with h5py.File(os.path.join(path, "data.h5"), "r") as f:
+        for name, data in tables.items():
+            c.check(f["meta/" + name][...].tobytes() == data, f"/meta/{name} through h5py equals the bytes at its offset")
 
 
 def flip_byte(data_file, offset):

@@ -225,16 +225,13 @@ show_job "$out"
 BAD=$WORK/bad
 mkdir -p "$BAD"
 cp -r "$CKPT/$latest" "$BAD/"
-python3 - "$BAD/$latest" <<'EOF' || fail "could not corrupt the copy"
+"$CLI" inspect --json "$BAD/$latest" > "$WORK/bad-inspect.json" || fail "h5ckpt inspect of the copy failed"
+python3 - "$BAD/$latest" "$WORK/bad-inspect.json" <<'EOF' || fail "could not corrupt the copy"
 import json, sys
-# Flip one byte inside the first tensor with data, at its recorded file offset.
-d = sys.argv[1]
-meta = json.load(open(d + "/metadata.json"))
-def tensors(m):
-    t = m.get("tensors")
-    return t.values() if isinstance(t, dict) else t
-off = next(int(t["file_offset"]) for t in tensors(meta) if int(t.get("file_offset", -1)) >= 0
-           and int(t.get("nbytes", 1)) > 0)
+# Flip one byte inside the first tensor with data, at the file offset the index records (the
+# index lives in data.h5 since format v2: `h5ckpt inspect --json` lists it).
+d, listing = sys.argv[1], json.load(open(sys.argv[2]))
+off = next(t["file_offset"] for t in listing["tensors"] if t["file_offset"] >= 0 and t["nbytes"] > 0)
 with open(d + "/data.h5", "r+b") as f:
     f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ 0xFF]))
 EOF
