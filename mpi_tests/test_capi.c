@@ -326,7 +326,8 @@ static int flip_pattern(const char* file, const void* pattern, size_t n) {
 static void options_round_trip(const char* root) {
   h5ckpt_checkpointer_options_t co;
   h5ckpt_checkpointer_options_init(&co);
-  CHECK(co.timeout_s == 600 && co.keep_last == 0 && co.keep_every == 0 && co.io_threads == 1 && co.staging_bytes == 0,
+  CHECK(co.timeout_s == 600 && co.keep_last == 0 && co.keep_every == 0 && co.io_threads == 1 && co.staging_bytes == 0 &&
+            co.memory_bytes == 0,
         "checkpointer defaults");
   h5ckpt_load_options_t lo;
   h5ckpt_load_options_init(&lo);
@@ -381,6 +382,26 @@ static void options_round_trip(const char* root) {
   int differ = 0;
   for (int i = 0; i < N; ++i) differ += y[i] != x[i];
   CHECK(differ == 1, "unverified load delivers the flipped element (%d differ)", differ);
+
+  /* memory_bytes reaches the library: 100 bytes is refused before anything moves, 2 KiB (an
+   * eighth of the tensor) streams the load and delivers every element. */
+  h5ckpt_checkpointer_t* small = NULL;
+  co.keep_last = 0;
+  co.memory_bytes = 100;
+  OK(h5ckpt_checkpointer_create_with_options(topo, &co, &small));
+  rc = h5ckpt_load(small, back, s2, 1);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT && strstr(h5ckpt_last_error(), "memory"),
+        "memory_bytes 100 -> %d (%s)", rc, h5ckpt_last_error());
+  h5ckpt_checkpointer_free(small);
+  co.memory_bytes = 2048;
+  OK(h5ckpt_checkpointer_create_with_options(topo, &co, &small));
+  for (int i = 0; i < N; ++i) y[i] = -1.0f;
+  lo.verify = 0;
+  OK(h5ckpt_load_with_options(small, back, s2, &lo));
+  differ = 0;
+  for (int i = 0; i < N; ++i) differ += y[i] != x[i];
+  CHECK(differ == 1, "budgeted load delivers every element (%d differ, 1 flipped)", differ);
+  h5ckpt_checkpointer_free(small);
   h5ckpt_state_free(back);
   h5ckpt_state_free(st);
   h5ckpt_checkpointer_free(ck);

@@ -128,6 +128,7 @@ typedef struct h5ckpt_checkpointer_options {
   int64_t keep_last;      /* keep the N newest checkpoints of the directory saved into (default 0: all) */
   int64_t keep_every;     /* with keep_last: also keep steps that are multiples of K (default 0) */
   int io_threads;         /* threads reading from storage during a load (default 1) */
+  uint64_t memory_bytes;  /* bound of the library's buffers in a save or load (0: none; else >= 1 KiB) */
 } h5ckpt_checkpointer_options_t;
 
 /* Fills `options` with the defaults above. */

@@ -218,6 +218,7 @@ void h5ckpt_checkpointer_options_init(h5ckpt_checkpointer_options_t* options) {
   options->keep_last = d.keep_last;
   options->keep_every = d.keep_every;
   options->io_threads = d.io_threads;
+  options->memory_bytes = d.memory_bytes;
 }
 
 int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
@@ -238,6 +239,7 @@ int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
       o.keep_last = options->keep_last;
       o.keep_every = options->keep_every;
       o.io_threads = options->io_threads;
+      o.memory_bytes = options->memory_bytes;
     }
     *out = new h5ckpt_checkpointer(topo->topo, o);
     return kOk;
