@@ -243,7 +243,7 @@ Result<NodeShared> NodeShared::allocate(uint64_t bytes, MPI_Comm node) {
 
 NodeShared& NodeShared::operator=(NodeShared&& o) noexcept {
   if (this != &o) {
-    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    release();
     win_ = o.win_;
     data_ = o.data_;
     size_ = o.size_;
@@ -252,7 +252,9 @@ NodeShared& NodeShared::operator=(NodeShared&& o) noexcept {
   return *this;
 }
 
-NodeShared::~NodeShared() {
+NodeShared::~NodeShared() { release(); }
+
+void NodeShared::release() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (win_ != MPI_WIN_NULL && !finalized) {

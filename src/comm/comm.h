@@ -94,6 +94,7 @@ class NodeShared {
   Status sync(MPI_Comm node);
 
  private:
+  void release();  // frees the window (collective over the node) unless MPI is finalized
   MPI_Win win_ = MPI_WIN_NULL;
   char* data_ = nullptr;
   uint64_t size_ = 0;
