@@ -15,7 +15,13 @@ if(TARGET h5ckpt-train)
     "zero_dp3_to_dp2|tp1.pp1.dp3.zero|tp1.pp1.dp2.zero|tp1.pp1.dp1|3|"
     "world_8_to_4|tp2.pp2.dp2.zero|tp1.pp2.dp2|tp4.pp1.dp1|8|"
     "world_4_to_8|tp1.pp1.dp4.zero|tp2.pp2.dp2.zero|tp1.pp2.dp1|8|"
-    "tied_f32_padded_vocab|tp2.pp2.dp1|tp4.pp1.dp2|tp1.pp1.dp1|8|--tie-embeddings,--dtype,f32,--vocab,250")
+    "tied_f32_padded_vocab|tp2.pp2.dp1|tp4.pp1.dp2|tp1.pp1.dp1|8|--tie-embeddings,--dtype,f32,--vocab,250"
+    # Mixture of experts (layers 1 and 3 MoE, 4 experts), expert and context parallelism.
+    "moe_ep2_to_ep4|tp2.pp1.dp2.ep2|tp1.pp2.dp4.ep4|tp1.pp1.dp1|8|--experts,4,--moe-every,2"
+    "moe_ep4_tp2_to_ep1_tp1|tp2.pp1.dp4.ep4|tp1.pp1.dp2|tp1.pp2.dp1|8|--experts,4,--moe-every,2"
+    "cp2_dp2_to_cp1_dp4|tp1.pp1.dp2.cp2.zero|tp1.pp1.dp4.zero|tp2.pp1.dp1.cp2|4|--experts,4,--moe-every,2"
+    "swiglu_tp2_to_tp4|tp2.pp1.dp2.ep2|tp4.pp1.dp2.ep2|tp1.pp1.dp1|8|--swiglu,--experts,4,--moe-every,2"
+    "moe_zero_ep2_dp4_to_dp6|tp1.pp1.dp4.ep2.zero|tp1.pp1.dp6.ep2.zero|tp2.pp1.dp1.zero|6|--experts,4,--moe-every,2")
   foreach(_case IN LISTS _e2e_cases)
     string(REPLACE "|" ";" _f "${_case}")
     list(GET _f 0 _name)
@@ -47,6 +53,27 @@ if(TARGET h5ckpt-train)
     set_tests_properties(trainer_formulas PROPERTIES
       PROCESSORS 8 TIMEOUT 300 LABELS "mpi;e2e;trainer"
       ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};OMPI_MCA_rmaps_base_oversubscribe=1")
+  endif()
+
+  # The MoE tensors in the file (h5py): each expert tensor once with its global shape [E, ...] and
+  # the formulas' values, with and without fused SwiGLU, TP2 x CP2 x DP2 with EP2 and ZeRO.
+  set(_moe_python "")
+  foreach(_py IN ITEMS ${H5CKPT_TEST_PYTHON} ${Python3_EXECUTABLE} /usr/bin/python3)
+    execute_process(COMMAND ${_py} -c "import h5py" RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
+    if(_rc EQUAL 0)
+      set(_moe_python ${_py})
+      break()
+    endif()
+  endforeach()
+  if(_moe_python)
+    add_test(NAME trainer_moe_checkpoint
+      COMMAND ${_moe_python} ${CMAKE_CURRENT_SOURCE_DIR}/trainer/check_moe_checkpoint.py
+              $<TARGET_FILE:h5ckpt-train> ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/e2e/moe_checkpoint)
+    set_tests_properties(trainer_moe_checkpoint PROPERTIES
+      PROCESSORS 8 TIMEOUT 300 LABELS "mpi;e2e;trainer"
+      ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};OMPI_MCA_rmaps_base_oversubscribe=1")
+  else()
+    message(WARNING "no python3 with h5py (apt-get install python3-h5py): trainer_moe_checkpoint not registered")
   endif()
 
   # Resuming with another vocabulary size is refused (only TP padding may change a shape).

@@ -8,7 +8,9 @@ float32, which equals IEEE float32 arithmetic):
   init   p = (((i*7 + h) mod 251) - 125) / 128,  h = FNV-1a-32("model/<name>") mod 251
   target t = ((i*3 + h) mod 17) / 16,  g = p - t
   Adam   b1 0.9, b2 0.999, eps 1e-8, lr 1e-2, bias correction; params = bf16_rne(master)
-Vocabulary padding rows (>= --vocab) must stay exactly zero.
+Vocabulary padding rows (>= --vocab) must stay exactly zero. A second run with mixture-of-experts
+layers, fused SwiGLU, context and expert parallelism checks the MoE tensors ([E, ...] whole) and
+the fused fc1 the same way.
 
 usage: check_trainer_formulas.py TRAIN_EXE MPIEXEC WORKDIR
 env: H5CKPT_MPIEXEC_PREFLAGS (space separated)
@@ -24,6 +26,11 @@ import sys
 STEPS = 3
 MODEL = dict(layers=2, hidden=16, heads=4, kv_heads=2, ffn=32, vocab=37)
 TP, PP, DP = 2, 2, 2
+# A second run: mixture of experts (4 experts, MoE layer 1) with fused SwiGLU, TP2 x CP2 x PP2,
+# experts over EP2 inside the DP x CP ranks, ZeRO (dense over DP x CP, experts over expert DP).
+MOE_EXPERTS = 4
+MOE_ARGS = ["--tp", "2", "--cp", "2", "--pp", "2", "--dp", "1", "--ep", "2", "--zero", "--swiglu",
+            "--experts", str(MOE_EXPERTS), "--moe-every", "2"]
 
 
 def f32(x):
@@ -83,13 +90,17 @@ def main():
     pre = os.environ.get("H5CKPT_MPIEXEC_PREFLAGS", "").split()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    ck = os.path.join(work, "ckpt")
-    args = [mpiexec, "-n", str(TP * PP * DP), *pre, "--timeout", "120", exe, "--tp", str(TP), "--pp", str(PP),
-            "--dp", str(DP), "--zero", "--steps", str(STEPS), "--save-every", "0", "--ckpt-dir", ck, "--quiet"]
-    for k, v in MODEL.items():
-        args += ["--" + k.replace("_", "-"), str(v)]
-    subprocess.run(args, check=True)
-    data = os.path.join(ck, open(os.path.join(ck, "latest")).read().strip(), "data.h5")
+    def train(name, layout):
+        ck = os.path.join(work, name)
+        args = [mpiexec, "-n", "8", *pre, "--timeout", "120", exe, *layout, "--steps", str(STEPS),
+                "--save-every", "0", "--ckpt-dir", ck, "--quiet"]
+        for k, v in MODEL.items():
+            args += ["--" + k.replace("_", "-"), str(v)]
+        subprocess.run(args, check=True)
+        return os.path.join(ck, open(os.path.join(ck, "latest")).read().strip(), "data.h5")
+
+    data = train("ckpt", ["--tp", str(TP), "--pp", str(PP), "--dp", str(DP), "--zero"])
+    moe_data = train("moe", MOE_ARGS)
 
     H, V = MODEL["hidden"], MODEL["vocab"]
     vp = (V + TP - 1) // TP * TP
@@ -105,9 +116,18 @@ def main():
         "decoder.layers.0.input_layernorm.weight": (H, H),
         "decoder.final_layernorm.bias": (H, H),
     }
+    checks = [(name, n, valid, data) for name, (n, valid) in checks.items()]
+    E, F = MOE_EXPERTS, MODEL["ffn"]
+    checks += [  # the MoE run: fused [gate; up] fc1 of 2F rows, experts [E, ...] whole
+        ("decoder.layers.0.mlp.linear_fc1.weight", 2 * F * H, 2 * F * H, moe_data),
+        ("decoder.layers.0.mlp.linear_fc1.bias", 2 * F, 2 * F, moe_data),
+        ("decoder.layers.1.mlp.router.weight", E * H, E * H, moe_data),
+        ("decoder.layers.1.mlp.experts.linear_fc1.weight", E * 2 * F * H, E * 2 * F * H, moe_data),
+        ("decoder.layers.1.mlp.experts.linear_fc2.weight", E * H * F, E * H * F, moe_data),
+    ]
     bad = 0
     total = 0
-    for name, (n, valid) in checks.items():
+    for name, n, valid, data in checks:
         exp = expected("model/" + name, n, STEPS, True, valid)
         for ds, ref in zip(("/model/", "/optimizer/fp32_param/", "/optimizer/exp_avg/", "/optimizer/exp_avg_sq/"),
                            exp):
@@ -127,7 +147,7 @@ def main():
         print(f"formula check FAILED: {bad} datasets")
         return 1
     print(f"formula check OK: {total} elements of {4 * len(checks)} datasets match the issue's formulas "
-          f"bit for bit after {STEPS} steps (layout tp{TP}.pp{PP}.dp{DP}.zero)")
+          f"bit for bit after {STEPS} steps (layouts tp{TP}.pp{PP}.dp{DP}.zero and {' '.join(MOE_ARGS)})")
     return 0
 
 

@@ -7,7 +7,8 @@
 #   - the checkpoint at SPLIT different from the final one (training really moved the state).
 #
 # usage: e2e_resume.sh TRAIN_EXE MPIEXEC WORKDIR LAYOUT_A LAYOUT_B LAYOUT_REF [extra trainer args...]
-#   LAYOUT: tp<N>.pp<N>.dp<N>[.zero][@<nodes>x<ranks per node>], e.g. tp2.pp2.dp2.zero or
+#   LAYOUT: tp<N>.pp<N>.dp<N>[.cp<N>][.ep<N>][.zero][@<nodes>x<ranks per node>], e.g. tp2.pp2.dp2.zero,
+#   tp1.pp1.dp2.cp2.ep2 (tp*pp*dp*cp ranks; ep splits the experts of --experts inside dp*cp) or
 #   tp2.pp2.dp4.zero@4x4 (runs on the simulated cluster of scripts/cluster.sh: 4 nodes x 4 ranks)
 # env: H5CKPT_MPIEXEC_PREFLAGS (space separated, e.g. "--oversubscribe --allow-run-as-root"),
 #      E2E_SPLIT (default 6), E2E_STEPS (default 12), H5DIFF (default h5diff; "none" skips it),
@@ -35,17 +36,20 @@ MODEL=(--layers 4 --hidden 64 --heads 8 --kv-heads 4 --ffn 128 --vocab 256 --see
 
 fail() { echo "e2e FAIL: $*" >&2; exit 1; }
 
-# layout tag -> "N --tp a --pp b --dp c [--zero]"
+# layout tag -> "N --tp a --pp b --dp c [--cp d] [--ep e] [--zero]"
 layout() {
-  local tag=$1 tp=1 pp=1 dp=1 zero=""
+  local tag=$1 tp=1 pp=1 dp=1 cp=1 ep=1 zero="" more=""
   IFS=. read -r -a parts <<<"$tag"
   for p in "${parts[@]}"; do
     case $p in
-      tp*) tp=${p#tp} ;; pp*) pp=${p#pp} ;; dp*) dp=${p#dp} ;; zero) zero=--zero ;;
+      tp*) tp=${p#tp} ;; pp*) pp=${p#pp} ;; dp*) dp=${p#dp} ;; cp*) cp=${p#cp} ;; ep*) ep=${p#ep} ;;
+      zero) zero=--zero ;;
       *) fail "bad layout '$tag'" ;;
     esac
   done
-  echo "$((tp * pp * dp)) --tp $tp --pp $pp --dp $dp $zero"
+  ((cp != 1)) && more+=" --cp $cp"
+  ((ep != 1)) && more+=" --ep $ep"
+  echo "$((tp * pp * dp * cp)) --tp $tp --pp $pp --dp $dp$more $zero"
 }
 
 run() {  # run N args...

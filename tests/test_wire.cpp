@@ -13,6 +13,7 @@ namespace {
 std::vector<planner::ItemDesc> sample_items() {
   return {{"model/w", DType::kBF16, Shape{8, 4}, ShardSpec::split(Shape{8, 4}, 0, 2, 1)},
           {"optimizer/m/w", DType::kF32, Shape{8, 4}, ShardSpec::flat_range(Box{{0, 0}, {8, 4}}, 3, 17)},
+          {"optimizer/m/w", DType::kF32, Shape{8, 4}, ShardSpec::flat_range(Box{{0, 0}, {8, 4}}, 20, 24), true},
           {"extra/step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})}};
 }
 
@@ -58,6 +59,7 @@ TEST(Wire, ItemsRoundTripAndRejectBrokenMessages) {
     EXPECT_EQ((*back)[i].dtype, items[i].dtype);
     EXPECT_EQ((*back)[i].global_shape, items[i].global_shape);
     EXPECT_EQ((*back)[i].shard, items[i].shard);
+    EXPECT_EQ((*back)[i].continues, items[i].continues);  // a multi-piece item's later piece
   }
   expect_rejects_truncations_and_trailers(msg, decode_items, "decode_items");
   // A count of 2^24 + 3 used to be masked to 3 and accepted; a huge one must not allocate.

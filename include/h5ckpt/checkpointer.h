@@ -33,6 +33,9 @@ struct SaveOptions {
   /// device. Null: the library synchronizes the whole device before the snapshot. Without device
   /// buffers it is unused.
   void* device_stream = nullptr;
+  /// With CheckpointerOptions::local_dir: also persist this save to the shared file system,
+  /// whatever persist_every says.
+  bool persist = false;
 };
 
 struct LoadOptions {
@@ -115,6 +118,21 @@ struct CheckpointerOptions {
   int64_t keep_last = 0;
   /// With keep_last: also keep forever every checkpoint whose step is a multiple of this. 0: none.
   int64_t keep_every = 0;
+  /// Multi-level checkpoints (docs/user-guide.md, "Node-local checkpoints"). Non-empty: a node-local
+  /// directory; saves write each rank's bytes there and copies to partner nodes, and commit a
+  /// local checkpoint named after the save path's last component; loads read the newest
+  /// checkpoint that can be served, local or shared. "{node}" is replaced by the node's index
+  /// (several simulated nodes on one file system). Must be the same string on every rank.
+  std::string local_dir;
+  /// Copies of each node's files kept on the next local_replicas nodes (at most nodes - 1).
+  int local_replicas = 1;
+  /// Every persist_every-th save (by SaveOptions::step when set, else by count) is also written
+  /// as the normal shared checkpoint at the save path, from the local copy, in the background of
+  /// an async save. 0: only saves with SaveOptions::persist.
+  int64_t persist_every = 0;
+  /// Local checkpoints each node keeps (the newest by step); older ones are deleted after each
+  /// local commit.
+  int64_t local_keep = 2;
 };
 
 /// Per-call figures of this rank.
@@ -129,6 +147,10 @@ struct SaveReport {
   double write_s = 0, commit_s = 0, total_s = 0;
   bool plan_cached = false;
   bool async = false;
+  std::string level = "shared";  ///< "local" when saved to the node-local level (path is then local)
+  std::string persisted;         ///< local saves: the shared checkpoint also written, if any
+  double replicate_s = 0;        ///< local saves: sending and receiving the partner copies
+  double persist_s = 0;          ///< local saves: the shared-level write and commit, if persisted
 };
 
 struct LoadReport {
@@ -143,6 +165,13 @@ struct LoadReport {
   double total_s = 0;
   bool plan_cached = false;
   std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"
+};
+
+/// Which checkpoint a load reads (Checkpointer::resolve).
+struct ResolvedCheckpoint {
+  CheckpointInfo info;  ///< its metadata (for a local checkpoint: no data file, format_version 0)
+  std::string level;    ///< "local" or "shared"
+  std::string reason;   ///< which checkpoint and why, e.g. which files had no live copy
 };
 
 /// An asynchronous save in flight. Copyable; all copies refer to the same save.
@@ -199,6 +228,13 @@ class H5CKPT_API Checkpointer {
   /// directory whose `latest` names one), whatever layout saved it.
   /// Collective over the topology's world; every rank returns the same Status.
   Result<LoadReport> load(StateDict& state, const std::string& path, const LoadOptions& options = {});
+
+  /// The checkpoint load(state, path) would read and its metadata: without local_dir the one at
+  /// `path` (following `latest`); with it, the newest checkpoint standing for `path` that can be
+  /// served: a local one when every rank's bytes are intact on some node (original or partner
+  /// copy), else the newest shared one. A load of the same path right after uses this answer.
+  /// Collective over the topology's world; every rank returns the same.
+  Result<ResolvedCheckpoint> resolve(const std::string& path);
 
   /// String attributes stored with the next save (e.g. trainer configuration).
   void set_attribute(const std::string& name, const std::string& value);

@@ -85,6 +85,10 @@ H5CKPT_API size_t h5ckpt_dtype_size(int dtype);
 /* Megatron rank order over `comm` (TP fastest, then DP, then PP); tp * dp * pp must equal the
  * size of `comm`. Collective over `comm` (which is duplicated, not kept). */
 H5CKPT_API int h5ckpt_topology_create(MPI_Comm comm, int tp, int dp, int pp, h5ckpt_topology_t** out);
+/* With context (cp) and expert (ep) parallelism: world = tp*cp*dp*pp, rank order TP fastest, then
+ * CP, DP, PP; experts split over ep inside the dp*cp ranks (ep must divide dp*cp). Collective. */
+H5CKPT_API int h5ckpt_topology_create_ex(MPI_Comm comm, int tp, int cp, int dp, int pp, int ep,
+                                         h5ckpt_topology_t** out);
 /* This rank's coordinates in the grid (any pointer may be NULL). */
 H5CKPT_API int h5ckpt_topology_coords(const h5ckpt_topology_t* topo, int* tp_rank, int* dp_rank, int* pp_rank);
 H5CKPT_API void h5ckpt_topology_free(h5ckpt_topology_t* topo);
@@ -106,6 +110,15 @@ H5CKPT_API int h5ckpt_state_add_sharded(h5ckpt_state_t* state, const char* key, 
  * shards); `data` holds end - begin elements. */
 H5CKPT_API int h5ckpt_state_add_flat(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
                                      const int64_t* global_shape, int64_t begin, int64_t end, void* data);
+/* Several boxes of one tensor in one buffer (fused layouts, e.g. a SwiGLU fc1 shard holding its
+ * gate rows then its up rows): box p is `offsets[p*ndim + d]`, `lengths[p*ndim + d]` per
+ * dimension, and its elements (row-major within the box) start `buffer_offsets[p]` bytes into
+ * `data`. Each box is saved, loaded and resharded like any other shard of the tensor. npieces < 1
+ * or a NULL array fails here; boxes overlapping in the tensor or in the buffer, or outside the
+ * shape, are reported by save/load with the key and the piece named. */
+H5CKPT_API int h5ckpt_state_add_pieces(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
+                                       const int64_t* global_shape, int npieces, const int64_t* offsets,
+                                       const int64_t* lengths, const uint64_t* buffer_offsets, void* data);
 /* The whole tensor, held by this rank (replicas on several ranks are written once). */
 H5CKPT_API int h5ckpt_state_add_replicated(h5ckpt_state_t* state, const char* key, int dtype, int ndim,
                                            const int64_t* global_shape, void* data);

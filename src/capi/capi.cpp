@@ -124,6 +124,17 @@ int h5ckpt_topology_create(MPI_Comm comm, int tp, int dp, int pp, h5ckpt_topolog
   });
 }
 
+int h5ckpt_topology_create_ex(MPI_Comm comm, int tp, int cp, int dp, int pp, int ep, h5ckpt_topology_t** out) {
+  return guarded("h5ckpt_topology_create_ex", [&] {
+    if (!out) return fail(ErrorCode::kInvalidArgument, "h5ckpt_topology_create_ex: out is NULL");
+    *out = nullptr;
+    auto t = h5ckpt::Topology::create(comm, h5ckpt::ParallelSizes{tp, dp, pp, cp, ep});
+    if (!t.ok()) return fail(t.status());
+    *out = new h5ckpt_topology{std::move(t).value()};
+    return kOk;
+  });
+}
+
 int h5ckpt_topology_coords(const h5ckpt_topology_t* topo, int* tp_rank, int* dp_rank, int* pp_rank) {
   if (!topo) return fail(ErrorCode::kInvalidArgument, "h5ckpt_topology_coords: topology is NULL");
   const h5ckpt::RankCoords c = topo->topo.coords();
@@ -168,6 +179,31 @@ int h5ckpt_state_add_flat(h5ckpt_state_t* state, const char* key, int dtype, int
     if (const int rc = tensor_args("h5ckpt_state_add_flat", state, key, dtype, ndim, global_shape, &shape)) return rc;
     auto spec = h5ckpt::ShardSpec::flat_range(h5ckpt::ShardSpec::whole(shape).box, begin, end);
     state->dict.add(key, static_cast<h5ckpt::DType>(dtype), std::move(shape), std::move(spec), data);
+    return kOk;
+  });
+}
+
+int h5ckpt_state_add_pieces(h5ckpt_state_t* state, const char* key, int dtype, int ndim, const int64_t* global_shape,
+                            int npieces, const int64_t* offsets, const int64_t* lengths,
+                            const uint64_t* buffer_offsets, void* data) {
+  return guarded("h5ckpt_state_add_pieces", [&] {
+    h5ckpt::Shape shape;
+    if (const int rc = tensor_args("h5ckpt_state_add_pieces", state, key, dtype, ndim, global_shape, &shape))
+      return rc;
+    if (npieces < 1)
+      return fail(ErrorCode::kInvalidArgument, std::string("h5ckpt_state_add_pieces: '") + key + "' needs npieces >= 1, got " +
+                                                   std::to_string(npieces));
+    if (!offsets || !lengths || !buffer_offsets)
+      return fail(ErrorCode::kInvalidArgument, std::string("h5ckpt_state_add_pieces: '") + key +
+                                                   "' needs offsets, lengths and buffer_offsets arrays");
+    std::vector<h5ckpt::ShardPiece> pieces(static_cast<size_t>(npieces));
+    for (int p = 0; p < npieces; ++p) {
+      const int64_t* o = offsets + static_cast<size_t>(p) * ndim;
+      const int64_t* l = lengths + static_cast<size_t>(p) * ndim;
+      pieces[p].shard = h5ckpt::ShardSpec::box_of(h5ckpt::Shape(o, o + ndim), h5ckpt::Shape(l, l + ndim));
+      pieces[p].buffer_offset = buffer_offsets[p];
+    }
+    state->dict.add_pieces(key, static_cast<h5ckpt::DType>(dtype), std::move(shape), std::move(pieces), data);
     return kOk;
   });
 }

@@ -195,7 +195,9 @@ Status wait_until(int n, MPI_Request* requests, int poll_us, const char* what, M
         next_probe = now + kProbeEvery;
       }
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+    // 0: bulk transfers, whose large messages advance only inside MPI calls: yield, not sleep.
+    if (poll_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+    else std::this_thread::yield();
   }
 }
 

@@ -13,6 +13,9 @@ namespace h5ckpt {
 // Hidden although nested in an exported class (nested classes take the visibility of the outer one).
 struct [[gnu::visibility("hidden")]] Topology::Impl {
   comm::Comm world, tp, dp, pp;
+  /// Context, dense DP x CP, expert and expert-DP groups (the library's own phases use only the
+  /// ones above; the async writer's copy leaves these null).
+  comm::Comm cp, dp_cp, ep, edp;
   /// The machine's shape: the ranks of this node (MPI_COMM_TYPE_SHARED; $H5CKPT_RANKS_PER_NODE
   /// cuts a node into smaller simulated ones), and one leader per node (null elsewhere), the
   /// coordinator first. Coordination goes through the leaders, so the coordinator exchanges
@@ -24,7 +27,7 @@ struct [[gnu::visibility("hidden")]] Topology::Impl {
   ParallelSizes sizes;
   RankCoords coords;
   std::vector<RankCoords> all_coords;
-  int coordinator = 0;  ///< world rank with coordinates (0,0,0): root of the TP-DP-PP tree
+  int coordinator = 0;  ///< world rank with coordinates (0,0,0,0): root of the TP-CP-DP-PP tree
 
   bool leader() const { return leaders.get() != MPI_COMM_NULL; }
 

@@ -112,7 +112,8 @@ std::shared_ptr<SaveHandle::State> AsyncSaver::finish_pending() {
 }
 
 Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& path, const SaveOptions& options,
-                                     const std::map<std::string, std::string>& attributes, PlanCache& cache) {
+                                     const std::map<std::string, std::string>& attributes, PlanCache& cache,
+                                     const MakeBackend& make_backend, bool shared_dir) {
   // At most one save in flight: the previous one must commit before this one snapshots into
   // the same pool. Its failure, if nobody saw it, is this call's answer.
   if (auto prev = finish_pending()) {
@@ -126,8 +127,9 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   if (!io_comms_) H5CKPT_RETURN_IF_ERROR(comm::agree(ensure_io_comms(), topo_.world.get()));
   // The same first phase as a synchronous save, on the caller's thread: its errors (an existing
   // checkpoint, a bad shard) are this call's answer, not wait()'s.
-  H5CKPT_ASSIGN_OR_RETURN(SaveJob prepared, save_prepare(topo_, state, path, options, attributes, cache));
+  H5CKPT_ASSIGN_OR_RETURN(SaveJob prepared, save_prepare(topo_, state, path, options, attributes, cache, shared_dir));
   auto job = std::make_shared<SaveJob>(std::move(prepared));
+  Backend backend = make_backend ? make_backend(*job) : Backend{};
   job->report.async = true;
 
   const int rank = topo_.world.rank();
@@ -160,7 +162,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
   // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
   const bool after_snapshot = staged && pool_.capacity() >= mine;
-  worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot] {
+  worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot, backend, shared_dir] {
     if (after_snapshot) source->wait_closed();
     // Ranks whose snapshot is done wait here for the others without taking their CPU.
     PhaseScope scope("save_async", "start");
@@ -168,9 +170,17 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     Result<SaveReport> result = ready;
     if (!ready.ok()) {
       while (auto w = source->next()) source->done(*w);  // the snapshot must not wait for a writer
-      if (io.world.rank() == io.coordinator) {
+      if (io.world.rank() == io.coordinator && shared_dir) {
         (void)storage::remove_tree(job->temp);
         storage::release_save_lock(job->path);  // held since save_prepare
+      }
+    } else if (backend) {
+      result = backend(io, *job, *source);
+      std::lock_guard<std::mutex> lock(st->mu);  // the backend drained the source: the snapshot is done
+      if (result.ok()) {
+        result->snapshot_s = st->snapshot_s;
+        result->blocked_bytes = st->blocked_bytes;
+        result->async = true;
       }
     } else if (Status written = save_write(io, *job, copts, *source); !written.ok()) {
       result = written;

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -31,9 +32,15 @@ class AsyncSaver {
   AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options, StagingPool& pool);
   ~AsyncSaver();
 
-  /// See Checkpointer::save_async. Collective over topo.world.
+  /// What the I/O thread runs with the snapshot as its source (default: save_write + save_commit).
+  using Backend = std::function<Result<SaveReport>(const Topology::Impl& io, SaveJob& job, WriteSource& source)>;
+  /// Makes the backend on the caller's thread once the job is prepared (it may still read the state).
+  using MakeBackend = std::function<Backend(const SaveJob& job)>;
+
+  /// See Checkpointer::save_async. Collective over topo.world. `shared_dir`: see save_prepare.
   Result<SaveHandle> start(const StateDict& state, const std::string& path, const SaveOptions& options,
-                           const std::map<std::string, std::string>& attributes, PlanCache& cache);
+                           const std::map<std::string, std::string>& attributes, PlanCache& cache,
+                           const MakeBackend& make_backend = nullptr, bool shared_dir = true);
 
   /// Waits for the save in flight (if any); returns its state, or null.
   std::shared_ptr<SaveHandle::State> finish_pending();

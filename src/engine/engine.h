@@ -36,7 +36,8 @@ struct PlanCache {
 };
 
 /// Checks one item's shard against its shape and that its buffer is usable (non-null; device
-/// memory only where a device runtime is present).
+/// memory only where a device runtime is present); a multi-piece item's pieces each so, and
+/// disjoint in the tensor and in the buffer (engine/pieces.h).
 Status check_item_buffer(const StateItem& item);
 
 /// Hash of this rank's state structure (keys, dtypes, shapes, shards; not the data).
@@ -45,7 +46,8 @@ uint64_t structure_signature(const StateDict& state);
 /// True when some item's buffer is device memory (a pointer query per item).
 bool has_device_items(const StateDict& state);
 
-/// The planner's view of a rank's items.
+/// The planner's view of a rank's items: one description per item, or per piece of a multi-piece
+/// item (later pieces marked `continues`, each pointing back at the item and its buffer offset).
 std::vector<planner::ItemDesc> describe_items(const StateDict& state);
 
 // ---------------------------------------------------------------------------------------------
@@ -87,9 +89,14 @@ struct SaveJob {
 /// Phase 1, collective: local checks; the coordinator makes the temporary directory (refusing an
 /// existing checkpoint without overwrite) in an agreement that also tells whether every rank's
 /// structure is the cached one; if not, the global plan is made again (gather, plan, broadcast).
+/// With `shared_dir` false (a node-local save) no directory is made and no lock taken.
 Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                              const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                             PlanCache& cache);
+                             PlanCache& cache, bool shared_dir = true);
+
+/// The shared-level half of save_prepare for a job planned without it (a persist of a local
+/// save): the coordinator takes the save lock and makes the temporary directory. Collective.
+Status prepare_shared_dir(const Topology::Impl& topo, SaveJob& job);
 
 /// This rank's writes in `job`, each at most `max_bytes`.
 Result<std::vector<planner::WriteItem>> plan_my_writes(int rank, const SaveJob& job, const StateDict& state,

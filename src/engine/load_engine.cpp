@@ -18,6 +18,7 @@
 #include "engine/aggregated_read.h"
 #include "engine/engine.h"
 #include "engine/memory_budget.h"
+#include "engine/pieces.h"
 #include "metrics/log.h"
 #include "metrics/report.h"
 #include "planner/box_math.h"
@@ -66,6 +67,9 @@ struct LoadRun {
   std::string data_file;
   std::optional<storage::RegionReader> reader;
   std::vector<planner::LoadWant> wants;
+  // `state` with multi-piece items expanded into one item per piece (the caller's own state when
+  // it has none): names the pieces in errors and holds the pieces' own check.
+  const ExpandedState* pieces = nullptr;
 
   MPI_Comm world() const { return topo.world.get(); }
   bool coordinator() const { return topo.world.rank() == topo.coordinator; }
@@ -223,6 +227,7 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   } else {
     local = r.status();
   }
+  if (local.ok() && run.pieces) local = run.pieces->status();  // an invalid multi-piece item
   run.wants = describe_wants(run.state);
   // A v2 summary carries its tables' checksums, so its hash covers the image too.
   const uint64_t meta_hash = XXH3_64bits(json.data(), json.size());
@@ -243,7 +248,8 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
     for (size_t i = 0; i < run.wants.size() && local.ok(); ++i) {
       bool skip = false;
       local = check_item(*cache.info, run.state.items()[i], run.options, &skip);
-      if (!local.ok()) local = local.with_context("key '" + run.state.items()[i].key + "'");
+      if (!local.ok())
+        local = local.with_context(run.pieces ? run.pieces->context(i) : "key '" + run.state.items()[i].key + "'");
       run.wants[i].skip = skip;
     }
     if (local.ok()) {
@@ -805,12 +811,20 @@ LoadReport finish(LoadRun& run) {
 Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std::string& path,
                         const LoadOptions& options, const CheckpointerOptions& copts, LoadPlanCache& cache,
                         StagingPool& pool, DeviceLink& link) {
-  LoadRun run(topo, state, options, copts, cache, pool, link);
+  // Multi-piece items load as one item per piece, each into its part of the caller's buffer.
+  ExpandedState expanded(state);
+  LoadRun run(topo, expanded.state(), options, copts, cache, pool, link);
+  run.pieces = &expanded;
   bool replan = true, host_only = true;
   H5CKPT_RETURN_IF_ERROR(resolve_metadata(run, path, &replan, &host_only));
   if (replan) H5CKPT_RETURN_IF_ERROR(plan_reads(run, host_only));
   run.report.plan_cached = !replan;
-  for (int i : cache.plan.skipped) run.report.missing_keys.push_back(state.items()[i].key);
+  for (size_t k = 0; k < cache.plan.skipped.size(); ++k) {
+    const size_t i = static_cast<size_t>(cache.plan.skipped[k]);
+    // A missing multi-piece item skips all its pieces: its key is reported once.
+    if (k > 0 && expanded.origin(static_cast<size_t>(cache.plan.skipped[k - 1])) == expanded.origin(i)) continue;
+    run.report.missing_keys.push_back(run.state.items()[i].key);
+  }
   if (options.verify_checksums) H5CKPT_RETURN_IF_ERROR(verify_regions(run));
   run.report.plan_s = now_s() - run.t0;
   if (cache.aggregated) {

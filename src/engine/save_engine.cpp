@@ -11,6 +11,7 @@
 #include "comm/deadline.h"
 #include "device/staging.h"
 #include "engine/engine.h"
+#include "engine/pieces.h"
 #include "metrics/log.h"
 #include "metrics/report.h"
 #include "storage/checkpoint_commit.h"
@@ -29,6 +30,7 @@ namespace fs = std::filesystem;
 using metrics::now_s;
 
 Status check_item_buffer(const StateItem& item) {
+  if (is_multi_piece(item)) return check_pieces(item);  // each piece as an item of its own
   H5CKPT_RETURN_IF_ERROR(item.shard.validate(item.global_shape));
   if (item.shard.numel() > 0 && item.data == nullptr)
     return Status(ErrorCode::kInvalidArgument, "null buffer for a non-empty shard");
@@ -55,17 +57,27 @@ uint64_t structure_signature(const StateDict& state) {
     put_u64(v.size());
     put(v.data(), v.size() * sizeof(v[0]));
   };
+  auto put_shard = [&](const ShardSpec& s) {
+    put_shape(s.box.offset);
+    put_shape(s.box.shape);
+    put_u64(s.flat ? 1 : 0);
+    if (s.flat) {
+      put_u64(static_cast<uint64_t>(s.flat->first));
+      put_u64(static_cast<uint64_t>(s.flat->second));
+    }
+  };
   for (const auto& it : state.items()) {
     put_u64(it.key.size());
     put(it.key.data(), it.key.size());
     put_u64(static_cast<uint64_t>(it.dtype));
     put_shape(it.global_shape);
-    put_shape(it.shard.box.offset);
-    put_shape(it.shard.box.shape);
-    put_u64(it.shard.flat ? 1 : 0);
-    if (it.shard.flat) {
-      put_u64(static_cast<uint64_t>(it.shard.flat->first));
-      put_u64(static_cast<uint64_t>(it.shard.flat->second));
+    put_shard(it.shard);
+    // A multi-piece item: every piece's shard (the plan's regions) and where it lies in the
+    // buffer (this rank's writes); a single-shard item hashes as before.
+    if (!it.pieces.empty()) put_u64(UINT64_MAX - it.pieces.size());
+    for (const ShardPiece& p : it.pieces) {
+      put_shard(p.shard);
+      put_u64(p.buffer_offset);
     }
   }
   return XXH3_64bits_digest(&h);
@@ -78,7 +90,18 @@ bool has_device_items(const StateDict& state) {
 std::vector<planner::ItemDesc> describe_items(const StateDict& state) {
   std::vector<planner::ItemDesc> descs;
   descs.reserve(state.size());
-  for (const auto& it : state.items()) descs.push_back({it.key, it.dtype, it.global_shape, it.shard});
+  for (size_t i = 0; i < state.size(); ++i) {
+    const StateItem& it = state.items()[i];
+    if (it.pieces.empty()) {  // its own item, by index: earlier pieces shift description indices
+      descs.push_back({it.key, it.dtype, it.global_shape, it.shard, false, static_cast<int>(i), 0});
+      continue;
+    }
+    // One description per piece, each pointing back at this item's buffer (plan_writes then
+    // writes from data + buffer_offset, synchronously or from the async snapshot).
+    for (size_t p = 0; p < it.pieces.size(); ++p)
+      descs.push_back({it.key, it.dtype, it.global_shape, it.pieces[p].shard, p > 0, static_cast<int>(i),
+                       it.pieces[p].buffer_offset});
+  }
   return descs;
 }
 
@@ -135,7 +158,7 @@ Result<std::string> make_temp_dir(const std::string& target, bool overwrite) {
 
 Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state, const std::string& path,
                              const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                             PlanCache& cache) {
+                             PlanCache& cache, bool shared_dir) {
   SaveJob job;
   PhaseScope scope("save", "prepare");
   job.t0 = now_s();
@@ -156,18 +179,18 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   const uint64_t signature = local.ok() ? structure_signature(state) : 0;
   int cached = local.ok() && cache.tensors && cache.local_signature == signature ? 1 : 0;
   job.report.plan_s = now_s() - job.t0;  // planning is the checks and any re-plan, not the directory
-  if (coordinator && local.ok()) {
+  if (coordinator && local.ok() && shared_dir) {
     local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
     locked = local.ok();
   }
-  if (coordinator && local.ok()) {
+  if (coordinator && local.ok() && shared_dir) {
     auto temp = make_temp_dir(job.path, options.overwrite);
     if (temp.ok()) job.temp = std::move(temp).value();
     else local = temp.status();
   }
   // One agreement: any failure anywhere, and whether every rank's structure is the cached one.
   if (Status a = comm::agree(local, world, &cached); !a.ok()) return fail(a);
-  if (Status b = topo.bcast(job.temp); !b.ok()) return fail(b);
+  if (Status b = shared_dir ? topo.bcast(job.temp) : Status::Ok(); !b.ok()) return fail(b);
   job.report.plan_cached = cached != 0;
   if (!cached) {
     const double p0 = now_s();
@@ -180,6 +203,28 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   }
   job.plan = cache.tensors;
   return job;
+}
+
+Status prepare_shared_dir(const Topology::Impl& topo, SaveJob& job) {
+  const bool coordinator = topo.world.rank() == topo.coordinator;
+  Status local;
+  bool locked = false;
+  if (coordinator) {
+    local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
+    locked = local.ok();
+    if (local.ok()) {
+      auto temp = make_temp_dir(job.path, job.options.overwrite);
+      if (temp.ok()) job.temp = std::move(temp).value();
+      else local = temp.status();
+    }
+  }
+  Status st = comm::agree(local, topo.world.get());
+  if (st.ok()) st = topo.bcast(job.temp);
+  if (!st.ok() && coordinator) {
+    if (!job.temp.empty()) (void)storage::remove_tree(job.temp);
+    if (locked) storage::release_save_lock(job.path);  // [save-lock]
+  }
+  return st.with_context("save '" + job.path + "'");
 }
 
 Result<std::vector<planner::WriteItem>> plan_my_writes(int rank, const SaveJob& job, const StateDict& state,

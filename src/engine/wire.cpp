@@ -8,7 +8,7 @@ namespace h5ckpt::engine::wire {
 namespace {
 
 // Smallest encodings, which bound every count a decoder accepts.
-constexpr size_t kMinItemBytes = 8 + 1 + 8 + 8 + 8 + 1;
+constexpr size_t kMinItemBytes = 8 + 1 + 8 + 8 + 8 + 1 + 1;
 constexpr size_t kMinTensorBytes = 8 + 1 + 8 + 8;
 constexpr size_t kMinRegionBytes = 8 + 8 + 1 + 4;
 constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
@@ -57,6 +57,7 @@ std::string encode_items(const std::vector<planner::ItemDesc>& items) {
     w.put<uint8_t>(static_cast<uint8_t>(it.dtype));
     w.put_vec(it.global_shape);
     put_shard(w, it.shard);
+    w.put<uint8_t>(it.continues ? 1 : 0);
   }
   return std::move(w.str());
 }
@@ -70,6 +71,9 @@ Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
     it.dtype = get_dtype(r, &bad);
     it.global_shape = r.get_vec();
     it.shard = get_shard(r);
+    const uint8_t continues = r.get<uint8_t>();
+    if (continues > 1) bad = true;
+    it.continues = continues != 0;
     if (!r.ok()) break;
   }
   if (bad || !r.ok() || !r.at_end()) return malformed("item list");

@@ -30,13 +30,15 @@ RngState derive_rank_rng(uint64_t seed, int64_t step, RankCoords c) {
   RngState r;
   r.state = hash4(seed ^ 0x52A4D0ull, static_cast<uint64_t>(step),
                   (static_cast<uint64_t>(static_cast<uint32_t>(c.tp)) << 32) | static_cast<uint32_t>(c.dp),
-                  static_cast<uint64_t>(static_cast<uint32_t>(c.pp)));
+                  (static_cast<uint64_t>(static_cast<uint32_t>(c.cp)) << 32) | static_cast<uint32_t>(c.pp));
   r.draws = 0;
   return r;
 }
 
 std::string rng_key(RankCoords c) {
-  return "extra/rng/tp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp) + "_pp" + std::to_string(c.pp);
+  // CP rank 0 keeps the name of a job without context parallelism.
+  return "extra/rng/tp" + std::to_string(c.tp) + (c.cp != 0 ? "_cp" + std::to_string(c.cp) : std::string()) + "_dp" +
+         std::to_string(c.dp) + "_pp" + std::to_string(c.pp);
 }
 
 float LrSchedulerState::lr(int64_t step) const {

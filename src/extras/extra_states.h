@@ -26,11 +26,12 @@ struct RngState {
   bool operator==(const RngState&) const = default;
 };
 
-/// The documented rule for a rank whose (tp, dp, pp) coordinate did not exist in the saved
-/// layout (and for a fresh run at step 0): the state is a hash of (seed, step, tp, dp, pp),
-/// so it is reproducible and differs between ranks.
+/// The documented rule for a rank whose (tp, cp, dp, pp) coordinate did not exist in the saved
+/// layout (and for a fresh run at step 0): the state is a hash of (seed, step, tp, dp, cp, pp)
+/// (cp = 0 gives the hash of a job without context parallelism), so it is reproducible and
+/// differs between ranks.
 RngState derive_rank_rng(uint64_t seed, int64_t step, RankCoords coords);
-/// "extra/rng/tp<t>_dp<d>_pp<p>".
+/// "extra/rng/tp<t>_dp<d>_pp<p>", or "extra/rng/tp<t>_cp<c>_dp<d>_pp<p>" for CP rank c > 0.
 std::string rng_key(RankCoords coords);
 
 /// Replicated LR-scheduler state: linear warmup then cosine decay to min_lr (constant when

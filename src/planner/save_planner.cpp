@@ -230,7 +230,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
         prev = nullptr;
       }
       TensorAcc& acc = accs[t];
-      if (acc.last_rank == static_cast<int>(r))
+      if (acc.last_rank == static_cast<int>(r) && !it.continues)
         return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "' added twice" + where());
       acc.last_rank = static_cast<int>(r);
       if (auto st = it.shard.validate(it.global_shape); !st.ok())
@@ -351,7 +351,11 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
     int tensor, region, item;
   };
   std::vector<Found> found;
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t i = 0, run_end = 0; i < items.size(); i = run_end) {
+    // The pieces of one multi-piece item (a run of descriptions that continue the first) are
+    // matched to this rank's regions of their tensor by shard.
+    for (run_end = i + 1; run_end < items.size() && items[run_end].continues; ++run_end) {
+    }
     const std::string& key = items[i].key;
     const auto t = std::lower_bound(tensors.begin(), tensors.end(), key,
                                     [](const TensorPlan& tp, const std::string& k) { return tp.key < k; });
@@ -360,10 +364,12 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
                     "key '" + key + "': rank " + std::to_string(rank) + " holds it, but the plan has no such tensor");
     for (size_t r = 0; r < t->regions.size(); ++r) {
       if (t->regions[r].writer != rank) continue;
-      if (!(t->regions[r].shard == items[i].shard))
+      size_t holder = i;
+      while (holder < run_end && !(t->regions[r].shard == items[holder].shard)) ++holder;
+      if (holder == run_end)
         return Status(ErrorCode::kInternal, "key '" + key + "': rank " + std::to_string(rank) +
                                                 " was chosen to write a region it does not hold");
-      found.push_back(Found{static_cast<int>(t - tensors.begin()), static_cast<int>(r), static_cast<int>(i)});
+      found.push_back(Found{static_cast<int>(t - tensors.begin()), static_cast<int>(r), static_cast<int>(holder)});
     }
   }
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
@@ -375,16 +381,20 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
     const uint64_t es = dtype_size(tensors[f.tensor].dtype);
     const int64_t per = static_cast<int64_t>(std::clamp<uint64_t>(max_bytes / es, 1, INT64_MAX));
     const int64_t n = reg.shard.numel();
+    // The buffer holding the region: the description's own item, or a multi-piece item's.
+    const ItemDesc& desc = items[f.item];
+    const int item = desc.source >= 0 ? desc.source : f.item;
+    const uint64_t base = desc.buffer_offset;
     if (n <= per) {  // the common case: the region in one write, as planned
-      out.push_back(WriteItem{f.tensor, f.region, f.item, reg.shard, 0, static_cast<uint64_t>(n) * es, true});
+      out.push_back(WriteItem{f.tensor, f.region, item, reg.shard, base, static_cast<uint64_t>(n) * es, true});
       continue;
     }
     // A large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
     const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
     for (int64_t b = 0; b < n; b += per) {
       const int64_t e = std::min(n, b + per);
-      out.push_back(WriteItem{f.tensor, f.region, f.item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
-                              static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
+      out.push_back(WriteItem{f.tensor, f.region, item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
+                              base + static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
     }
   }
   return out;

@@ -16,6 +16,13 @@ struct ItemDesc {
   DType dtype = DType::kF32;
   Shape global_shape;
   ShardSpec shard;
+  /// Another piece of the previous description's item (StateItem::pieces): the same key again
+  /// on this rank, which is otherwise an error.
+  bool continues = false;
+  /// Local only (not sent to the coordinator): the rank's item whose buffer holds the bytes
+  /// (-1: the description's own index) and where the shard's first element is in that buffer.
+  int source = -1;
+  uint64_t buffer_offset = 0;
 };
 
 /// A unique saved region of a tensor and the rank chosen to write it.

@@ -136,6 +136,10 @@ Result<Summary> parse_summary(const std::string& text) {
       !json_member_int(*topo, "dp", &s.saved_sizes.dp) || !json_member_int(*topo, "pp", &s.saved_sizes.pp) ||
       !json_member_int(*topo, "world", &s.world) || s.world < 0 || s.world > INT32_MAX)
     return corrupt("topology (tp, dp, pp, world) missing or out of range");
+  // Context and expert parallel sizes: written only when not 1 (older checkpoints have neither).
+  for (auto [name, dst] : {std::pair{"cp", &s.saved_sizes.cp}, std::pair{"ep", &s.saved_sizes.ep}})
+    if (topo->contains(name) && (!json_member_int(*topo, name, dst) || *dst < 1))
+      return corrupt(std::string("topology ") + name + " out of range");
   const auto checksums = j.find("checksums");
   if (checksums == j.end() || !checksums->is_boolean()) return corrupt("'checksums' is not a boolean");
   s.checksums = checksums->get<bool>();
@@ -207,6 +211,8 @@ std::string Encoded::summary_json(const std::array<int64_t, kTableCount>& offset
                    {"dp", summary.saved_sizes.dp},
                    {"pp", summary.saved_sizes.pp},
                    {"world", summary.world}};
+  if (summary.saved_sizes.cp != 1) j["topology"]["cp"] = summary.saved_sizes.cp;
+  if (summary.saved_sizes.ep != 1) j["topology"]["ep"] = summary.saved_sizes.ep;
   j["checksums"] = summary.checksums;
   j["counts"] = {{"tensors", records[slot(Table::kTensors)]},
                  {"regions", records[slot(Table::kRegions)]},

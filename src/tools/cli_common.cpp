@@ -183,6 +183,8 @@ nlohmann::json info_to_json(const CheckpointInfo& info, bool with_regions) {
                    {"dp", info.saved_sizes.dp},
                    {"pp", info.saved_sizes.pp},
                    {"world", info.saved_coords.size()}};
+  if (info.saved_sizes.cp != 1) j["topology"]["cp"] = info.saved_sizes.cp;
+  if (info.saved_sizes.ep != 1) j["topology"]["ep"] = info.saved_sizes.ep;
   j["attributes"] = info.attributes;
   json tensors = json::array();
   for (const auto& t : info.tensors) {

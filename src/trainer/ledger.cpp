@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -50,6 +52,14 @@ Status Ledger::flush(MPI_Comm world, const std::string& path) {
   return Status::Ok();
 }
 
+Status mark_resume(const std::string& path, int64_t step) {
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return Status(ErrorCode::kIo, "cannot append to ledger '" + path + "'");
+  std::fprintf(f, "%s%lld\n", kResumedAt, static_cast<long long>(step));
+  if (std::fclose(f) != 0) return Status(ErrorCode::kIo, "cannot append to ledger '" + path + "'");
+  return Status::Ok();
+}
+
 Result<std::vector<LedgerEntry>> read_ledger(const std::string& path, int64_t max_step) {
   std::ifstream in(path);
   if (!in) return Status(ErrorCode::kNotFound, "cannot open ledger '" + path + "'");
@@ -58,6 +68,11 @@ Result<std::vector<LedgerEntry>> read_ledger(const std::string& path, int64_t ma
   int64_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
+    if (line.rfind(kResumedAt, 0) == 0) {  // a resume from an older checkpoint: later steps re-run
+      const int64_t at = std::atoll(line.c_str() + std::strlen(kResumedAt));
+      out.erase(std::remove_if(out.begin(), out.end(), [at](const LedgerEntry& e) { return e.step > at; }), out.end());
+      continue;
+    }
     if (line.empty() || line[0] == '#') continue;
     std::istringstream is(line);
     LedgerEntry e;

@@ -30,7 +30,14 @@ class Ledger {
   std::vector<int64_t> rows_;  // 6 int64 per entry
 };
 
-/// Reads a ledger file; entries with step > max_step are skipped (max_step < 0: none).
+/// A ledger line saying the run resumed at `step`: the entries of later steps before it were
+/// consumed by a run whose checkpoints were lost, and are re-consumed after it.
+inline constexpr const char* kResumedAt = "# resumed-at ";
+/// Appends that line (rank 0 only, after a successful resume).
+Status mark_resume(const std::string& path, int64_t step);
+
+/// Reads a ledger file; entries with step > max_step are skipped (max_step < 0: none), and so
+/// are entries of steps past a later "resumed-at" line.
 Result<std::vector<LedgerEntry>> read_ledger(const std::string& path, int64_t max_step = -1);
 
 }  // namespace h5ckpt::workload

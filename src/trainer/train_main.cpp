@@ -51,6 +51,8 @@ struct Options {
   int64_t keep_last = -1, keep_every = -1;  // retention flags; -1: as configured
   double timeout_s = -1;                    // --timeout-s; -1: as configured
   std::string memory_bytes;                 // --memory-bytes; empty: as configured
+  std::string local_dir;                    // --local-dir; empty: as configured
+  int64_t persist_every = -1, local_replicas = -1;  // -1: as configured
   Config ck;                                // resolved checkpointer, save and load settings
 };
 
@@ -161,7 +163,8 @@ int train(Options& o, int world) {
   ck.set_attribute("trainer.layout", o.cfg.layout_tag());
   ck.set_attribute("trainer.vocab", std::to_string(o.cfg.model.vocab));  // checked when resuming
   Ledger ledger;
-  const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0;
+  // One ledger row set per DP rank: its TP, PP and CP ranks consume the same data.
+  const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0 && me.cp == 0;
 
   if (!o.ckpt_dir.empty()) {
     Status mk;
@@ -171,7 +174,15 @@ int train(Options& o, int world) {
       if (ec) mk = Status(ErrorCode::kIo, "cannot create '" + o.ckpt_dir + "': " + ec.message());
     }
     if (!all_ok(mk, "creating the checkpoint directory")) return 1;
-    auto info = read_checkpoint_info(o.ckpt_dir);
+    // With a local level the newest servable checkpoint may be node-local (resolve is collective).
+    Result<CheckpointInfo> info = Status(ErrorCode::kNotFound, "");
+    if (!o.ck.checkpointer.local_dir.empty()) {
+      auto r = ck.resolve(o.ckpt_dir);
+      info = r.ok() ? Result<CheckpointInfo>(r->info) : Result<CheckpointInfo>(r.status());
+      if (r.ok()) say(o, "resuming from the %s level: %s", r->level.c_str(), r->reason.c_str());
+    } else {
+      info = read_checkpoint_info(o.ckpt_dir);
+    }
     int code = info.ok() ? 0 : info.status().code() == ErrorCode::kNotFound ? 1 : 2;
     int lo = 0, hi = 0;
     MPI_Allreduce(&code, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -188,19 +199,32 @@ int train(Options& o, int world) {
       auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
       if (!all_ok(rep.status(), "load")) return 1;
       if (!all_ok(w.finish_load(), "restoring loader/extra state")) return 1;
+      // A resume from an older level (a lost local checkpoint) re-runs steps the ledger has.
+      Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
+                          ? mark_resume(o.ledger, w.global_step())
+                          : Status::Ok();
+      if (!all_ok(marked, "marking the resume in the ledger")) return 1;
       double secs = max_over_ranks(now_s() - t0);
       uint64_t bytes = sum_over_ranks(rep->bytes_read);
       int restored = w.rng_restored() ? 1 : 0, n_restored = 0;
       MPI_Allreduce(&restored, &n_restored, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
       say(o,
           "resumed %s at step %" PRId64
-          " (saved as tp%d.pp%d.dp%d) as %s: %.1f MB read in %.3f s; "
+          " (saved as tp%d.pp%d.dp%d%s) as %s: %.1f MB read in %.3f s; "
           "RNG restored on %d/%d ranks, derived on the others",
           rep->path.c_str(), w.global_step(), info->saved_sizes.tp, info->saved_sizes.pp, info->saved_sizes.dp,
+          ((info->saved_sizes.cp != 1 ? ".cp" + std::to_string(info->saved_sizes.cp) : std::string()) +
+           (info->saved_sizes.ep != 1 ? ".ep" + std::to_string(info->saved_sizes.ep) : std::string()))
+              .c_str(),
           o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
       append_report(o, "load", w.global_step(), secs, bytes, rep->path);
     } else {
       say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
+      // Rows of a run that died before its first checkpoint are re-run from step 0.
+      Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
+                          ? mark_resume(o.ledger, 0)
+                          : Status::Ok();
+      if (!all_ok(marked, "marking the restart in the ledger")) return 1;
     }
   }
 
@@ -214,7 +238,7 @@ int train(Options& o, int world) {
     SaveHandle handle;
     int64_t step = 0;
     double blocked_s = 0;
-    Ledger rows;  // ledger rows up to `step`, written once the save committed
+    Ledger rows;  // empty: the rows were written before the save started
   };
   std::optional<Pending> pending;
   auto finish_pending = [&]() -> bool {
@@ -224,8 +248,9 @@ int train(Options& o, int world) {
     auto rep = p.handle.wait();
     if (!all_ok(rep.status(), "save at step " + std::to_string(p.step))) return false;
     const double secs = max_over_ranks(rep->total_s);
-    say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s (async; training blocked %.3f s)", p.step,
-        rep->path.c_str(), rep->bytes_total / 1e6, secs, p.blocked_s);
+    say(o, "saved step %" PRId64 " -> %s%s%s: %.1f MB in %.3f s (async; training blocked %.3f s)", p.step,
+        rep->path.c_str(), rep->persisted.empty() ? "" : " and ", rep->persisted.c_str(), rep->bytes_total / 1e6, secs,
+        p.blocked_s);
     append_report(o, "save", p.step, secs, rep->bytes_total, rep->path);
     return o.ledger.empty() || all_ok(p.rows.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger");
   };
@@ -234,6 +259,7 @@ int train(Options& o, int world) {
     double t0 = now_s();
     auto pieces = w.train_step();
     train_s += now_s() - t0;
+    if (o.cfg.sizes.cp > 1 && !all_ok(w.data_status(), "the data stream check of the CP ranks")) return 1;
     ++trained;
     if (record) ledger.record(step, me.dp, pieces);
     stopped = stop_requested();
@@ -246,6 +272,10 @@ int train(Options& o, int world) {
       // A step directory past the one this run resumed from was committed by a run that died
       // before `latest` named it: this run's timeline replaces it (else every restart would fail).
       so.overwrite = true;
+      // The ledger's rows go out before the save: once a checkpoint may be selected at a restart
+      // (a local one can be, before this rank hears of its commit), what it consumed is on
+      // record; a resume from an older checkpoint marks the rows it re-runs (mark_resume).
+      if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
       MPI_Barrier(MPI_COMM_WORLD);
       double t1 = now_s();
       if (o.ck.checkpointer.async) {
@@ -262,8 +292,6 @@ int train(Options& o, int world) {
         say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s", step, rep->path.c_str(), rep->bytes_total / 1e6,
             secs);
         append_report(o, "save", step, secs, rep->bytes_total, rep->path);
-        // The ledger follows the committed checkpoints, so a resume continues it seamlessly.
-        if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
       }
     }
     if (stopped) break;
@@ -435,7 +463,15 @@ int main(int argc, char** argv) {
   app.add_option("--tp", c.sizes.tp, "tensor-parallel size")->capture_default_str();
   app.add_option("--pp", c.sizes.pp, "pipeline-parallel size")->capture_default_str();
   app.add_option("--dp", c.sizes.dp, "data-parallel size (world size must be tp*pp*dp)")->capture_default_str();
-  app.add_flag("--zero", c.zero, "distributed optimizer: fp32 master, Adam m and v flattened and split over DP");
+  app.add_flag("--zero", c.zero,
+               "distributed optimizer: fp32 master, Adam m and v flattened and split over DP x CP (experts: over "
+               "expert DP)");
+  app.add_option("--cp", c.sizes.cp, "context-parallel size (world size must be tp*cp*pp*dp)")->capture_default_str();
+  app.add_option("--ep", c.sizes.ep, "expert-parallel size (divides dp*cp and --experts)")->capture_default_str();
+  app.add_option("--experts", m.experts, "experts per MoE layer (0: dense model)")->capture_default_str();
+  app.add_option("--moe-every", m.moe_every, "every K-th layer (layer L with (L+1) % K == 0) is MoE")
+      ->capture_default_str();
+  app.add_flag("--swiglu", m.swiglu, "fused SwiGLU fc1: [gate; up] in one [2*ffn, hidden] weight");
   app.add_option("--layers", m.layers, "transformer layers (split over PP stages)")->capture_default_str();
   app.add_option("--hidden", m.hidden, "hidden size")->capture_default_str();
   app.add_option("--heads", m.heads, "attention heads")->capture_default_str();
@@ -476,6 +512,16 @@ int main(int argc, char** argv) {
                  "deadline in seconds of every wait of a save/load for other ranks; past it the job aborts "
                  "(0: none; default: checkpointer.timeout_s, 600)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--local-dir", o.local_dir,
+                 "node-local checkpoint directory ({node}: the node's index): save there every --save-every "
+                 "steps with partner copies, persist to --ckpt-dir every --persist-every steps (default: "
+                 "checkpointer.local_dir)");
+  app.add_option("--persist-every", o.persist_every,
+                 "with --local-dir: steps that are multiples of K are also saved to --ckpt-dir (default: "
+                 "checkpointer.persist_every)");
+  app.add_option("--local-replicas", o.local_replicas,
+                 "with --local-dir: copies of each node's files on the next N nodes (default: "
+                 "checkpointer.local_replicas)");
   app.add_option("--memory-bytes", o.memory_bytes,
                  "bound of the memory h5ckpt takes for a save or load beyond the state (e.g. 512MiB; 0: none; "
                  "default: checkpointer.memory_bytes)");
@@ -504,6 +550,9 @@ int main(int argc, char** argv) {
   if (o.keep_last >= 0) o.ck.checkpointer.keep_last = o.keep_last;  // flags override file and environment
   if (o.keep_every >= 0) o.ck.checkpointer.keep_every = o.keep_every;
   if (o.timeout_s >= 0) o.ck.checkpointer.timeout_s = o.timeout_s;
+  if (!o.local_dir.empty()) o.ck.checkpointer.local_dir = o.local_dir;
+  if (o.persist_every >= 0) o.ck.checkpointer.persist_every = o.persist_every;
+  if (o.local_replicas >= 0) o.ck.checkpointer.local_replicas = static_cast<int>(o.local_replicas);
   if (!o.memory_bytes.empty()) {
     auto bytes = parse_byte_size(o.memory_bytes);
     if (!bytes.ok()) {

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -53,17 +54,37 @@ float from_bf16(uint16_t b) {
 Status TrainConfig::validate(int world_size) const {
   auto bad = [](const std::string& m) { return Status(ErrorCode::kInvalidArgument, m); };
   const auto& m = model;
-  if (sizes.tp < 1 || sizes.pp < 1 || sizes.dp < 1) return bad("--tp, --pp and --dp must be >= 1");
+  if (sizes.tp < 1 || sizes.pp < 1 || sizes.dp < 1 || sizes.cp < 1 || sizes.ep < 1)
+    return bad("--tp, --pp, --dp, --cp and --ep must be >= 1");
   // In 64 bits and checked: --tp 65536 --dp 65536 wrapped to 0 in int ("launch with mpiexec -n 0").
   int64_t want = 0;
-  const std::string product =
-      std::to_string(sizes.tp) + "*" + std::to_string(sizes.pp) + "*" + std::to_string(sizes.dp);
+  const bool cp = sizes.cp != 1;
+  const std::string names = cp ? "tp*cp*pp*dp" : "tp*pp*dp";
+  const std::string product = std::to_string(sizes.tp) + "*" + (cp ? std::to_string(sizes.cp) + "*" : "") +
+                              std::to_string(sizes.pp) + "*" + std::to_string(sizes.dp);
   if (__builtin_mul_overflow(int64_t{sizes.tp}, int64_t{sizes.pp}, &want) ||
-      __builtin_mul_overflow(want, int64_t{sizes.dp}, &want) || want > INT32_MAX)
-    return bad("tp*pp*dp = " + product + " is more ranks than MPI can address (at most 2^31-1)");
+      __builtin_mul_overflow(want, int64_t{sizes.dp}, &want) || __builtin_mul_overflow(want, int64_t{sizes.cp}, &want) ||
+      want > INT32_MAX)
+    return bad(names + " = " + product + " is more ranks than MPI can address (at most 2^31-1)");
   if (world_size != want)
-    return bad("world size " + std::to_string(world_size) + " != tp*pp*dp = " + product + " = " + std::to_string(want) +
-               " (launch with mpiexec -n " + std::to_string(want) + ")");
+    return bad("world size " + std::to_string(world_size) + " != " + names + " = " + product + " = " +
+               std::to_string(want) + " (launch with mpiexec -n " + std::to_string(want) + ")");
+  // Mixture of experts and expert parallelism.
+  if (m.experts < 0) return bad("--experts must be >= 0");
+  if (m.moe_every < 0) return bad("--moe-every must be >= 0");
+  if (m.experts > 0 && m.moe_every == 0)
+    return bad("--experts " + std::to_string(m.experts) + " needs --moe-every K (every K-th layer is MoE)");
+  if (m.experts == 0 && m.moe_every > 0) return bad("--moe-every needs --experts E (experts per MoE layer)");
+  if (m.moe_every > m.layers)
+    return bad("--moe-every " + std::to_string(m.moe_every) + " > --layers " + std::to_string(m.layers) +
+               ": no layer would be MoE");
+  if (sizes.ep > 1 && m.experts == 0) return bad("--ep " + std::to_string(sizes.ep) + " needs --experts");
+  if ((int64_t{sizes.dp} * sizes.cp) % sizes.ep != 0)
+    return bad("--ep " + std::to_string(sizes.ep) + " must divide dp*cp = " +
+               std::to_string(int64_t{sizes.dp} * sizes.cp) + " (experts are split inside the DP x CP ranks)");
+  if (m.experts > 0 && m.experts % sizes.ep != 0)
+    return bad("--ep " + std::to_string(sizes.ep) + " must divide --experts " + std::to_string(m.experts) +
+               " (every EP rank holds the same number of experts)");
   if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.kv_heads < 1 || m.ffn < 1 || m.vocab < 1)
     return bad("--layers, --hidden, --heads, --kv-heads, --ffn and --vocab must be >= 1");
   if (m.hidden % m.heads != 0) return bad("--hidden must be a multiple of --heads");
@@ -77,9 +98,13 @@ Status TrainConfig::validate(int world_size) const {
   // Element counts (times dp for the ZeRO slice bounds) and byte sizes of the largest tensors
   // must fit in 64 bits; a model that fits but not in memory fails later, as a clean bad_alloc.
   const int64_t head_dim = m.hidden / m.heads, qkv = (int64_t{m.heads} + 2 * int64_t{m.kv_heads}) * head_dim;
-  for (int64_t rows : {padded_vocab(m.vocab, sizes.tp), qkv, int64_t{m.ffn}, int64_t{m.heads} * head_dim}) {
+  // Expert tensors: E * 2F rows (fc1 with SwiGLU) of H; the ZeRO bound uses dp * cp >= expert dp.
+  const int64_t expert_rows = int64_t{m.experts} * m.ffn * 2;
+  for (int64_t rows : {padded_vocab(m.vocab, sizes.tp), qkv, int64_t{m.ffn} * 2, int64_t{m.heads} * head_dim,
+                       expert_rows, int64_t{m.experts}}) {
     int64_t n = 0;
-    if (__builtin_mul_overflow(rows, int64_t{m.hidden}, &n) || __builtin_mul_overflow(n, int64_t{sizes.dp}, &n) ||
+    if (__builtin_mul_overflow(rows, int64_t{m.hidden}, &n) ||
+        __builtin_mul_overflow(n, int64_t{sizes.dp} * sizes.cp, &n) ||
         __builtin_mul_overflow(n, int64_t{16}, &n))  // 16: param + master + two moments, bytes per element
       return bad("the model is too large: a tensor of " + std::to_string(rows) + " x " + std::to_string(m.hidden) +
                  " elements overflows 64-bit sizes");
@@ -89,7 +114,8 @@ Status TrainConfig::validate(int world_size) const {
 
 std::string TrainConfig::layout_tag() const {
   return "tp" + std::to_string(sizes.tp) + ".pp" + std::to_string(sizes.pp) + ".dp" + std::to_string(sizes.dp) +
-         (zero ? ".zero" : "");
+         (sizes.cp != 1 ? ".cp" + std::to_string(sizes.cp) : "") +
+         (sizes.ep != 1 ? ".ep" + std::to_string(sizes.ep) : "") + (zero ? ".zero" : "");
 }
 
 int64_t padded_vocab(int vocab, int tp) { return (static_cast<int64_t>(vocab) + tp - 1) / tp * tp; }
@@ -134,10 +160,19 @@ std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, const std::v
       add("self_attention.linear_proj.bias", {H}, -1);
       add("pre_mlp_layernorm.weight", {H}, -1);
       add("pre_mlp_layernorm.bias", {H}, -1);
-      add("mlp.linear_fc1.weight", {F, H}, 0);  // column-parallel
-      add("mlp.linear_fc1.bias", {F}, 0);
-      add("mlp.linear_fc2.weight", {H, F}, 1);  // row-parallel
-      add("mlp.linear_fc2.bias", {H}, -1);
+      const int64_t fc1 = m.swiglu ? 2 * F : F;  // SwiGLU: [gate; up] fused
+      if (m.is_moe_layer(layer)) {
+        // The MLP becomes E experts (no biases) and a router; experts split over EP along dim 0.
+        const int64_t E = m.experts;
+        add("mlp.router.weight", {E, H}, -1);  // replicated over TP (and EP)
+        out.push_back({p + "mlp.experts.linear_fc1.weight", {E, fc1, H}, 1, {s}, -1, true, m.swiglu});
+        out.push_back({p + "mlp.experts.linear_fc2.weight", {E, H, F}, 2, {s}, -1, true, false});
+      } else {
+        out.push_back({p + "mlp.linear_fc1.weight", {fc1, H}, 0, {s}, -1, false, m.swiglu});  // column-parallel
+        out.push_back({p + "mlp.linear_fc1.bias", {fc1}, 0, {s}, -1, false, m.swiglu});
+        add("mlp.linear_fc2.weight", {H, F}, 1);  // row-parallel
+        add("mlp.linear_fc2.bias", {H}, -1);
+      }
     }
   }
   out.push_back({"decoder.final_layernorm.weight", {H}, -1, {pp - 1}, -1});
@@ -146,13 +181,65 @@ std::vector<TensorDesc> model_tensors(const ModelConfig& m, int tp, const std::v
   return out;
 }
 
+std::vector<Box> local_boxes(const TensorDesc& d, int tp, int tp_rank, int ep, int ep_rank) {
+  Box b{Shape(d.shape.size(), 0), d.shape};
+  if (d.expert) {  // contiguous blocks of E / ep experts
+    const int64_t per = d.shape[0] / ep;
+    b.offset[0] = per * ep_rank;
+    b.shape[0] = per;
+  }
+  if (d.split_dim < 0) return {b};
+  const auto k = static_cast<size_t>(d.split_dim);
+  if (!d.fused_glu || tp == 1) {  // one TP rank of a fused tensor holds it whole: one box
+    const ShardSpec sp = ShardSpec::split(d.shape, d.split_dim, tp, tp_rank);
+    b.offset[k] = sp.box.offset[k];
+    b.shape[k] = sp.box.shape[k];
+    return {b};
+  }
+  // Fused SwiGLU: rows t of the gate half, then rows t of the up half (per local expert).
+  const int64_t half = d.shape[k] / 2, per = half / tp;
+  const int64_t n_experts = d.expert ? b.shape[0] : 1;
+  std::vector<Box> out;
+  for (int64_t j = 0; j < n_experts; ++j)
+    for (int64_t u = 0; u < 2; ++u) {
+      Box g = b;
+      if (d.expert) {
+        g.offset[0] = b.offset[0] + j;
+        g.shape[0] = 1;
+      }
+      g.offset[k] = u * half + tp_rank * per;
+      g.shape[k] = per;
+      out.push_back(std::move(g));
+    }
+  return out;
+}
+
 // ---- the rank's state ----------------------------------------------------------------------
 
 int64_t Workload::Local::global_index(int64_t j) const {
-  const Box& b = tp_shard.box;
-  if (b.shape.size() == 1) return b.offset[0] + j;
-  const int64_t cols = desc->shape[1];
-  return (b.offset[0] + j / b.shape[1]) * cols + b.offset[1] + j % b.shape[1];
+  if (boxes.size() == 1 && tp_shard.box.shape.size() <= 2) {
+    const Box& b = tp_shard.box;
+    if (b.shape.size() == 1) return b.offset[0] + j;
+    const int64_t cols = desc->shape[1];
+    return (b.offset[0] + j / b.shape[1]) * cols + b.offset[1] + j % b.shape[1];
+  }
+  // The box holding local element j, then j's row-major position in it, then in the tensor.
+  const size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), j) - starts.begin()) - 1;
+  const Box& b = boxes[k];
+  int64_t r = j - starts[k], idx = 0, stride = 1;
+  for (size_t d = b.shape.size(); d-- > 0;) {
+    idx += (b.offset[d] + r % b.shape[d]) * stride;
+    r /= b.shape[d];
+    stride *= desc->shape[d];
+  }
+  return idx;
+}
+
+std::tuple<MPI_Comm, int, int> Workload::zero_group(const TensorDesc& d) const {
+  const ParallelSizes& z = cfg_.sizes;
+  if (d.expert) return {topo_->expert_dp_comm(), coords_.edp, z.edp()};
+  if (z.cp > 1) return {topo_->dp_cp_comm(), coords_.dp * z.cp + coords_.cp, z.dp * z.cp};
+  return {topo_->dp_comm(), coords_.dp, z.dp};
 }
 
 Workload::Workload(const TrainConfig& cfg, const Topology& topo) : cfg_(cfg), topo_(&topo), coords_(topo.coords()) {
@@ -166,11 +253,17 @@ Workload::Workload(const TrainConfig& cfg, const Topology& topo) : cfg_(cfg), to
     t.desc = &d;
     t.key = "model/" + d.fqn;
     t.h = fnv1a32(t.key) % 251;
-    t.tp_shard =
-        d.split_dim < 0 ? ShardSpec::whole(d.shape) : ShardSpec::split(d.shape, d.split_dim, cfg.sizes.tp, coords_.tp);
-    t.numel = t.tp_shard.numel();
+    t.boxes = local_boxes(d, cfg.sizes.tp, coords_.tp, cfg.sizes.ep, coords_.ep);
+    t.tp_shard = ShardSpec::box_of(t.boxes[0].offset, t.boxes[0].shape);
+    t.numel = 0;
+    for (const Box& b : t.boxes) {
+      t.starts.push_back(t.numel);
+      t.numel += b.volume();
+    }
     if (cfg.zero) {  // the distributed optimizer owns an even flat slice of the TP shard
-      std::tie(t.opt_begin, t.opt_end) = zero_slice(t.numel, coords_.dp, cfg.sizes.dp);
+      const auto [group, index, size] = zero_group(d);
+      (void)group;
+      std::tie(t.opt_begin, t.opt_end) = zero_slice(t.numel, index, size);
     } else {
       t.opt_begin = 0;
       t.opt_end = t.numel;
@@ -231,7 +324,9 @@ void Workload::update(Local& t, float lr, float bc1, float bc2) {
 }
 
 void Workload::allgather_params(Local& t) {
-  const int dp = cfg_.sizes.dp;
+  const auto [group, index, dp] = zero_group(*t.desc);
+  (void)index;
+  if (dp == 1) return;
   const int es = static_cast<int>(dtype_size(cfg_.model.dtype));
   std::vector<int> counts(static_cast<size_t>(dp)), displs(static_cast<size_t>(dp));
   for (int d = 0; d < dp; ++d) {
@@ -239,14 +334,26 @@ void Workload::allgather_params(Local& t) {
     counts[static_cast<size_t>(d)] = static_cast<int>((e - b) * es);
     displs[static_cast<size_t>(d)] = static_cast<int>(b * es);
   }
-  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.param.data(), counts.data(), displs.data(), MPI_BYTE,
-                 topo_->dp_comm());
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.param.data(), counts.data(), displs.data(), MPI_BYTE, group);
 }
 
 std::vector<loader::Piece> Workload::train_step() {
   const int64_t step = extras_.global_step + 1;
   const int workers = static_cast<int>(loader_.shards.size());
   std::vector<loader::Piece> pieces = extras::next_window(loader_, static_cast<int>((step - 1) % workers));
+  if (cfg_.sizes.cp > 1) {
+    // The CP ranks of a DP rank split one sequence: they must have taken the same window.
+    uint64_t hash[2] = {1469598103934665603ull, 0};
+    for (const auto& p : pieces)
+      for (int64_t v : {int64_t{p.id.source}, int64_t{p.id.record}, p.begin, p.end})
+        hash[0] = (hash[0] ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    hash[1] = ~hash[0];
+    uint64_t lo[2] = {0, 0};
+    MPI_Allreduce(hash, lo, 2, MPI_UINT64_T, MPI_MIN, topo_->cp_comm());  // min of h and of ~h = ~max of h
+    if (lo[0] != ~lo[1] && data_status_.ok())
+      data_status_ = Status(ErrorCode::kInternal, "step " + std::to_string(step) + ": the CP ranks of DP rank " +
+                                                      std::to_string(coords_.dp) + " consumed different data");
+  }
   extras_.rng.next_u64();  // e.g. a dropout seed; the elementwise update does not use it
   const float lr = extras_.scheduler.lr(step - 1);
   extras_.scheduler.last_step = step;
@@ -256,7 +363,7 @@ std::vector<loader::Piece> Workload::train_step() {
   const float bc2 = static_cast<float>(1.0 - std::pow(0.999, static_cast<double>(opt_step_)));
   for (auto& t : locals_) {
     update(t, lr, bc1, bc2);
-    if (cfg_.zero && cfg_.sizes.dp > 1) allgather_params(t);
+    if (cfg_.zero) allgather_params(t);  // over the tensor's optimizer group (no-op for one rank)
   }
   extras_.global_step = step;
   return pieces;
@@ -264,17 +371,38 @@ std::vector<loader::Piece> Workload::train_step() {
 
 // ---- checkpoint items ----------------------------------------------------------------------
 
+void Workload::add_item(StateDict& sd, const std::string& key, DType dtype, const Local& t, int64_t b, int64_t e,
+                        bool flat, void* data) const {
+  if (t.boxes.size() == 1) {
+    sd.add(key, dtype, t.desc->shape, flat ? ShardSpec::flat_range(t.tp_shard.box, b, e) : t.tp_shard, data);
+    return;
+  }
+  // Several boxes in one buffer (fused SwiGLU): the part of each box inside [b, e), at its offset.
+  std::vector<ShardPiece> pieces;
+  const size_t es = dtype_size(dtype);
+  for (size_t k = 0; k < t.boxes.size(); ++k) {
+    const int64_t s0 = t.starts[k], s1 = s0 + t.boxes[k].volume();
+    const int64_t lo = std::max(b, s0), hi = std::min(e, s1);
+    if (lo >= hi) continue;
+    ShardSpec sp = lo == s0 && hi == s1 ? ShardSpec::box_of(t.boxes[k].offset, t.boxes[k].shape)
+                                        : ShardSpec::flat_range(t.boxes[k], lo - s0, hi - s0);
+    pieces.push_back({std::move(sp), static_cast<uint64_t>(lo - b) * es});
+  }
+  if (pieces.size() == 1) sd.add(key, dtype, t.desc->shape, pieces[0].shard, data);
+  else sd.add_pieces(key, dtype, t.desc->shape, std::move(pieces), data);
+}
+
 void Workload::stage_save(StateDict& sd) {
   for (auto& t : locals_) {
-    sd.add(t.key, cfg_.model.dtype, t.desc->shape, t.tp_shard, t.param.data());
+    add_item(sd, t.key, cfg_.model.dtype, t, 0, t.numel, false, t.param.data());
     if (t.opt_end == t.opt_begin) continue;  // a tiny tensor may leave a DP rank nothing
-    ShardSpec os = cfg_.zero ? ShardSpec::flat_range(t.tp_shard.box, t.opt_begin, t.opt_end) : t.tp_shard;
-    sd.add("optimizer/fp32_param/" + t.desc->fqn, DType::kF32, t.desc->shape, os, t.master.data());
-    sd.add("optimizer/exp_avg/" + t.desc->fqn, DType::kF32, t.desc->shape, os, t.exp_avg.data());
-    sd.add("optimizer/exp_avg_sq/" + t.desc->fqn, DType::kF32, t.desc->shape, os, t.exp_avg_sq.data());
+    for (auto [name, buf] : {std::pair{"optimizer/fp32_param/", &t.master}, std::pair{"optimizer/exp_avg/", &t.exp_avg},
+                             std::pair{"optimizer/exp_avg_sq/", &t.exp_avg_sq}})
+      add_item(sd, name + t.desc->fqn, DType::kF32, t, t.opt_begin, t.opt_end, cfg_.zero, buf->data());
   }
   sd.add_replicated("optimizer/step", DType::kI64, {1}, &opt_step_);
-  loader_ckpt_.stage_save(sd, loader_, coords_.dp);
+  // The CP ranks of a DP rank share its data stream: CP rank 0 saves it (all load it).
+  if (coords_.cp == 0) loader_ckpt_.stage_save(sd, loader_, coords_.dp);
   extras_.stage_save(sd, coords_);
 }
 

@@ -3,8 +3,11 @@
 // all registered with h5ckpt under layout-independent keys. See docs/trainer.md.
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,19 +28,26 @@ struct ModelConfig {
   int vocab = 5120;
   DType dtype = DType::kBF16;  ///< model params: kBF16 or kF32
   bool tie_embeddings = false;
+  int experts = 0;     ///< experts per MoE layer (0: no MoE)
+  int moe_every = 0;   ///< layer L is MoE when (L + 1) % moe_every == 0 (needs experts > 0)
+  bool swiglu = false;  ///< fused gate/up fc1 ([2F, H]; a TP rank holds [gate_t; up_t])
+  /// True when global layer `layer` has a MoE MLP (router + experts).
+  bool is_moe_layer(int layer) const { return experts > 0 && moe_every > 0 && (layer + 1) % moe_every == 0; }
 };
 
 struct TrainConfig {
   ModelConfig model;
-  ParallelSizes sizes;
-  bool zero = false;  ///< distributed optimizer: master, m, v split over DP
+  ParallelSizes sizes;  ///< tp, dp, pp, cp, ep (world = tp * cp * dp * pp)
+  /// Distributed optimizer: master, m, v of dense tensors split over DP x CP, of expert tensors
+  /// over the expert-data-parallel group.
+  bool zero = false;
   uint64_t seed = 1234;
   int loader_workers = 2;  ///< read workers per DP rank
   int64_t context_len = 2048;
 
   /// Checks the options against each other and a world size; the message says what to change.
   Status validate(int world_size) const;
-  /// "tp2.pp2.dp2.zero" style tag for reports.
+  /// "tp2.pp2.dp2.zero" style tag for reports (".cp2", ".ep4" follow dp when not 1).
   std::string layout_tag() const;
 };
 
@@ -48,7 +58,15 @@ struct TensorDesc {
   int split_dim = -1;       ///< TP split dimension; -1: replicated over TP
   std::vector<int> stages;  ///< PP stages holding it (two for a tied embedding with pp > 1)
   int64_t valid_rows = -1;  ///< rows >= valid_rows are vocabulary padding (frozen at zero)
+  bool expert = false;      ///< dim 0 indexes experts, split over EP (contiguous blocks of E / ep)
+  /// Fused SwiGLU: split_dim holds [gate; up] halves and TP rank t holds [gate_t; up_t] (the rows
+  /// t of each half) in one buffer; for an expert tensor, [gate_t; up_t] per local expert.
+  bool fused_glu = false;
 };
+
+/// The boxes of `d` that the rank at (tp_rank, ep_rank) holds, in buffer order (one box unless
+/// fused_glu). `tp` and `ep` are the TP and EP sizes.
+std::vector<Box> local_boxes(const TensorDesc& d, int tp, int tp_rank, int ep, int ep_rank);
 
 /// Every tensor of the model under `tp` x `pp` (the names and, except for the vocabulary
 /// padding, the shapes do not depend on the layout).
@@ -94,6 +112,8 @@ class Workload {
 
   int64_t global_step() const { return extras_.global_step; }
   bool rng_restored() const { return rng_restored_; }
+  /// Not OK when the CP ranks of a DP rank consumed different data in a step (they share one stream).
+  const Status& data_status() const { return data_status_; }
   const loader::RankLoader& data_loader() const { return loader_; }
   const TrainConfig& config() const { return cfg_; }
   /// Bytes of model + optimizer state this rank holds.
@@ -104,7 +124,9 @@ class Workload {
     const TensorDesc* desc = nullptr;
     std::string key;                                 ///< "model/<fqn>"
     uint32_t h = 0;                                  ///< fnv1a32(key) % 251
-    ShardSpec tp_shard;                              ///< this rank's TP box
+    ShardSpec tp_shard;                              ///< this rank's TP (and EP) box (the first if several)
+    std::vector<Box> boxes;                          ///< every box, in buffer order (fused SwiGLU: several)
+    std::vector<int64_t> starts;                     ///< local element index where each box starts
     int64_t numel = 0;                               ///< elements of the TP box
     int64_t opt_begin = 0, opt_end = 0;              ///< the part of the box this rank's optimizer owns
     std::vector<uint8_t> param;                      ///< numel * dtype_size
@@ -113,6 +135,11 @@ class Workload {
   };
   void update(Local& t, float lr, float bc1, float bc2);
   void allgather_params(Local& t);
+  /// The distributed optimizer's group of a tensor: (communicator, my index, size).
+  std::tuple<MPI_Comm, int, int> zero_group(const TensorDesc& d) const;
+  /// Adds an item for `t`'s local boxes (or the flat slice [b, e) of them) with `data`.
+  void add_item(StateDict& sd, const std::string& key, DType dtype, const Local& t, int64_t b, int64_t e,
+                bool flat, void* data) const;
 
   TrainConfig cfg_;
   const Topology* topo_;
@@ -124,6 +151,7 @@ class Workload {
   extras::ExtraStates extras_;
   int64_t opt_step_ = 0;
   bool rng_restored_ = false;
+  Status data_status_;
 };
 
 }  // namespace h5ckpt::workload

@@ -1,0 +1,1085 @@
+#include "engine/local_level.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "comm/deadline.h"
+#include "device/staging.h"
+#include "engine/pieces.h"
+#include "metrics/log.h"
+#include "planner/box_math.h"
+#include "storage/commit.h"
+#include "storage/posix_io.h"
+#include "util/dtype_convert.h"
+#include "util/phase.h"
+
+namespace h5ckpt::engine::local {
+
+namespace fs = std::filesystem;
+using metrics::now_s;
+
+namespace {
+
+constexpr int kReplicaTag = 0x4c52;  // "LR"
+constexpr int kServeTag = 0x4c53;
+constexpr uint64_t kReplicaChunk = 8ull << 20;
+
+// Tests: H5CKPT_TEST_KILL_AT=point[:rank[:nth]] kills this process with SIGKILL the nth time (default
+// first) it reaches `point` (on `rank` only, when given), as a node failure would: no destructor,
+// no flush, no message to the others.
+void kill_point(const char* point, int rank) {
+  const char* at = std::getenv("H5CKPT_TEST_KILL_AT");
+  if (at == nullptr) return;
+  static std::map<std::string, int> reached;  // only the thread running the save calls this
+  std::string spec(at);
+  std::vector<std::string> f;
+  for (size_t b = 0, e; b <= spec.size(); b = e + 1) {
+    e = spec.find(':', b);
+    if (e == std::string::npos) e = spec.size();
+    f.push_back(spec.substr(b, e - b));
+  }
+  if (f[0] != point || (f.size() > 1 && !f[1].empty() && std::atoi(f[1].c_str()) != rank)) return;
+  const int nth = f.size() > 2 ? std::atoi(f[2].c_str()) : 1;
+  if (++reached[point] != nth) return;
+  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_KILL_AT=%s: rank %d kills itself\n", at, rank);
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+}
+
+Status write_all(int fd, const char* data, uint64_t n, uint64_t off, const std::string& path) {
+  while (n) {
+    const ssize_t w = storage::io::pwrite(fd, data, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(off));
+    if (w < 0) return storage::io::error("pwrite", path, errno);
+    if (w == 0) return storage::io::error("pwrite", path, EIO);
+    data += w, n -= static_cast<uint64_t>(w), off += static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status read_all(int fd, char* data, uint64_t n, uint64_t off, const std::string& path) {
+  while (n) {
+    const ssize_t r = storage::io::pread(fd, data, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(off));
+    if (r < 0) return storage::io::error("pread", path, errno);
+    if (r == 0) return Status(ErrorCode::kCorrupt, "'" + path + "' is shorter than its manifest says");
+    data += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status sync_close(int fd, const std::string& path) {
+  Status st;
+  if (storage::io::fsync(fd) != 0) st = storage::io::error("fsync", path, errno);
+  storage::io::close(fd);
+  return st;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 8) return s + ", ... (" + std::to_string(ranks.size()) + " in all)";
+    s += (i ? "," : "") + std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+// Non-blocking collectives and point-to-point messages bounded by the deadline.
+Status wait_all(std::vector<MPI_Request>& reqs, const char* what, MPI_Comm comm) {
+  if (reqs.empty()) return Status::Ok();
+  // Bulk bytes: polled without sleeping (a large message advances only inside MPI calls).
+  Status st = comm::wait_asleep(static_cast<int>(reqs.size()), reqs.data(), 0, what, comm);
+  reqs.clear();
+  return st;
+}
+
+// Messages of up to comm::chunk_limit() bytes: `n` bytes at `p` to/from `peer`.
+void post_chunks(bool send, char* p, uint64_t n, int peer, int tag, MPI_Comm comm, std::vector<MPI_Request>& reqs,
+                 Status& st) {
+  const uint64_t limit = std::min<uint64_t>(comm::chunk_limit(), 1ull << 30);
+  for (uint64_t at = 0; at < n && st.ok(); at += limit) {
+    const int count = static_cast<int>(std::min(limit, n - at));
+    MPI_Request r;
+    const int rc = send ? MPI_Isend(p + at, count, MPI_BYTE, peer, tag, comm, &r)
+                        : MPI_Irecv(p + at, count, MPI_BYTE, peer, tag, comm, &r);
+    if (rc != MPI_SUCCESS) st = comm::mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv");
+    else reqs.push_back(r);
+  }
+}
+
+// ---- encoding of small messages -------------------------------------------------------------
+
+struct Writer {
+  std::string out;
+  void u64(uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
+  void str(const std::string& s) {
+    u64(s.size());
+    out += s;
+  }
+};
+struct Reader {
+  const std::string& in;
+  size_t at = 0;
+  bool ok = true;
+  uint64_t u64() {
+    if (in.size() - at < 8) return ok = false, 0;
+    uint64_t v;
+    std::memcpy(&v, in.data() + at, 8);
+    at += 8;
+    return v;
+  }
+  int64_t i64() { return static_cast<int64_t>(u64()); }
+  std::string str() {
+    const uint64_t n = u64();
+    if (!ok || in.size() - at < n) return ok = false, std::string();
+    std::string s = in.substr(at, n);
+    at += n;
+    return s;
+  }
+  bool done() const { return ok && at == in.size(); }
+};
+
+void put_shard(Writer& w, const ShardSpec& s) {
+  w.u64(s.box.offset.size());
+  for (size_t d = 0; d < s.box.offset.size(); ++d) w.i64(s.box.offset[d]), w.i64(s.box.shape[d]);
+  w.u64(s.flat ? 1 : 0);
+  if (s.flat) w.i64(s.flat->first), w.i64(s.flat->second);
+}
+ShardSpec get_shard(Reader& r) {
+  ShardSpec s;
+  const uint64_t nd = r.u64();
+  if (!r.ok || nd > 64) return r.ok = false, s;
+  for (uint64_t d = 0; d < nd; ++d) s.box.offset.push_back(r.i64()), s.box.shape.push_back(r.i64());
+  if (r.u64()) {
+    const int64_t begin = r.i64();  // two statements: argument evaluation order is unspecified
+    s.flat = std::make_pair(begin, r.i64());
+  }
+  return s;
+}
+
+// ---- element runs between a saved region and a wanted shard ---------------------------------
+
+// fn(src, dst, n): elements [src, src+n) of `region`'s bytes go to [dst, dst+n) of `want`'s
+// buffer. The wanted part is cut to the stored shape (padded items); both sides of a transfer
+// call this with the same arguments and so agree on the order and sizes.
+template <class Fn>
+void for_each_overlap(const Shape& stored, const ShardSpec& region, const ShardSpec& want, Fn&& fn) {
+  const Box whole{Shape(stored.size(), 0), stored};
+  const planner::Frame src = planner::frame_of(region), dst = planner::frame_of(want);
+  const std::vector<Box> rboxes = planner::shard_boxes(region);
+  for (const Box& wb : planner::shard_boxes(want)) {
+    if (wb.ndim() != stored.size()) continue;
+    auto clip = planner::intersect(wb, whole);
+    if (!clip) continue;
+    for (const Box& rb : rboxes)
+      if (auto x = planner::intersect(*clip, rb)) planner::for_each_run(*x, src, dst, fn);
+  }
+}
+
+uint64_t overlap_elements(const Shape& stored, const ShardSpec& region, const ShardSpec& want) {
+  uint64_t n = 0;
+  for_each_overlap(stored, region, want, [&](int64_t, int64_t, int64_t c) { n += static_cast<uint64_t>(c); });
+  return n;
+}
+
+// Byte offset of every region in its writer's local file: regions in plan order, per writer.
+std::vector<std::vector<uint64_t>> region_file_offsets(const std::vector<planner::TensorPlan>& tensors, size_t world) {
+  std::vector<uint64_t> running(world, 0);
+  std::vector<std::vector<uint64_t>> off(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const uint64_t esize = dtype_size(tensors[t].dtype);
+    for (const auto& r : tensors[t].regions) {
+      const size_t w = static_cast<size_t>(r.writer) < world ? static_cast<size_t>(r.writer) : 0;
+      off[t].push_back(running[w]);
+      running[w] += static_cast<uint64_t>(r.shard.numel()) * esize;
+    }
+  }
+  return off;
+}
+
+// Reads a local file's pieces in order for the persist (a WriteSource over the local copy).
+class LocalFileSource : public WriteSource {
+ public:
+  LocalFileSource(std::string path, const std::vector<planner::WriteItem>& writes)
+      : path_(std::move(path)), writes_(writes) {
+    uint64_t most = 0;
+    for (const auto& w : writes_) most = std::max(most, w.bytes);
+    buf_.resize(most);
+    if (most) {
+      fd_ = storage::io::open(path_, O_RDONLY);
+      if (fd_ < 0) status_ = storage::io::error("open", path_, errno);
+    }
+  }
+  ~LocalFileSource() override {
+    if (fd_ >= 0) storage::io::close(fd_);
+  }
+  std::optional<SourcedWrite> next() override {
+    if (i_ == writes_.size()) return std::nullopt;
+    const planner::WriteItem& w = writes_[i_++];
+    if (status_.ok() && w.bytes) status_ = read_all(fd_, buf_.data(), w.bytes, at_, path_);
+    at_ += w.bytes;
+    return SourcedWrite{&w, buf_.data(), false};
+  }
+  Status status() override { return status_; }
+
+ private:
+  std::string path_;
+  const std::vector<planner::WriteItem>& writes_;
+  std::vector<char> buf_;
+  int fd_ = -1;
+  size_t i_ = 0;
+  uint64_t at_ = 0;
+  Status status_;
+};
+
+// The partner copies, moved while this rank writes its own file: its byte stream goes to its
+// targets in chunks of kReplicaChunk (two buffers, so filling one overlaps sending the other),
+// and every origin's stream arrives into two posted receives per origin and is written to
+// <partial>/rank-<origin>.bin as it completes. MPI keeps the messages of one sender in order, so
+// chunks arrive in file order. A rank whose own write failed still sends and receives every
+// chunk, so no peer waits for it; the agreement after the write phase fails the save.
+class ReplicaStream {
+ public:
+  ReplicaStream(const NodeMap& nodes, int replicas, int me, uint64_t my_bytes, const std::string& partial,
+                MPI_Comm comm)
+      : me_(me), my_bytes_(my_bytes), comm_(comm) {
+    targets_ = replica_targets(nodes, me, replicas);
+    for (int q = 0; q < static_cast<int>(nodes.node_of.size()); ++q) {
+      if (q == me) continue;
+      auto t = replica_targets(nodes, q, replicas);
+      if (std::find(t.begin(), t.end(), me) != t.end()) in_.push_back(Incoming{q});
+    }
+    // Sizes first: each origin's stream length.
+    std::vector<MPI_Request> reqs;
+    for (auto& x : in_) post(false, &x.bytes, 8, x.rank, kReplicaTag - 1, reqs);
+    for (int t : targets_) post(true, &my_bytes_, 8, t, kReplicaTag - 1, reqs);
+    if (Status w = wait_all(reqs, "exchanging partner-copy sizes", comm_); !w.ok()) st_ = w;
+    for (auto& x : in_) {
+      x.path = (fs::path(partial) / storage::local_rank_file(x.rank)).string();
+      x.fd = storage::io::open(x.path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+      if (x.fd < 0 && st_.ok()) st_ = storage::io::error("open", x.path, errno);
+      x.hash = XXH3_createState();
+      XXH3_64bits_reset(x.hash);
+      for (int b = 0; b < 2; ++b) repost(x, b);
+    }
+  }
+  ~ReplicaStream() {
+    for (auto& x : in_) {
+      if (x.fd >= 0) storage::io::close(x.fd);
+      if (x.hash) XXH3_freeState(x.hash);
+    }
+  }
+  /// The next bytes of this rank's stream (in file order).
+  void push(const char* data, uint64_t n) {
+    while (n) {
+      if (!targets_.empty() && fill_ == 0) wait_out(cur_);  // the buffer's previous chunk is sent
+      const uint64_t room = std::min<uint64_t>(kReplicaChunk, my_bytes_ - sent_) - fill_;
+      if (room == 0) {  // more bytes than announced: a planning bug, the partners keep what was promised
+        if (st_.ok()) st_ = Status(ErrorCode::kInternal, "local write longer than planned");
+        return;
+      }
+      const uint64_t k = std::min(room, n);
+      if (!targets_.empty()) {
+        out_[cur_].resize(std::max<uint64_t>(out_[cur_].size(), fill_ + k));
+        std::memcpy(out_[cur_].data() + fill_, data, k);
+      }
+      fill_ += k, data += k, n -= k;
+      if (fill_ == std::min<uint64_t>(kReplicaChunk, my_bytes_ - sent_)) flush();
+      progress();
+    }
+  }
+
+  /// Completes the exchange: pads a short stream, waits for every chunk both ways, checks sizes.
+  Status finish(uint64_t* received, std::vector<std::pair<int, uint64_t>>* sums) {
+    if (sent_ + fill_ < my_bytes_) {
+      if (st_.ok()) st_ = Status(ErrorCode::kInternal, "local write shorter than planned");
+      std::vector<char> zeros(kReplicaChunk, 0);
+      while (sent_ + fill_ < my_bytes_) push(zeros.data(), std::min<uint64_t>(kReplicaChunk, my_bytes_ - sent_ - fill_));
+    }
+    std::vector<MPI_Request> reqs;
+    for (int b = 0; b < 2; ++b)
+      for (auto& r : out_req_[b]) reqs.push_back(r);
+    for (int b = 0; b < 2; ++b) out_req_[b].clear();
+    while (true) {
+      progress();
+      bool done = true;
+      for (auto& x : in_) done = done && x.next_write * kReplicaChunk >= x.bytes;
+      if (done) break;
+      std::this_thread::yield();
+      check("receiving partner copies");
+    }
+    if (Status w = wait_all(reqs, "sending partner copies", comm_); !w.ok() && st_.ok()) st_ = w;
+    for (auto& x : in_) {
+      *received += x.bytes;
+      sums->push_back({x.rank, XXH3_64bits_digest(x.hash)});
+      if (x.fd >= 0) {
+        Status closed = sync_close(x.fd, x.path);
+        x.fd = -1;
+        if (st_.ok()) st_ = closed;
+      }
+    }
+    return st_;
+  }
+
+ private:
+  struct Incoming {
+    int rank;
+    uint64_t bytes = 0;
+    std::string path;
+    int fd = -1;
+    XXH3_state_t* hash = nullptr;
+    std::vector<char> buf[2];
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    uint64_t chunk_of[2] = {0, 0};
+    uint64_t next_post = 0, next_write = 0;
+  };
+  void post(bool send, void* p, uint64_t n, int peer, int tag, std::vector<MPI_Request>& reqs) {
+    post_chunks(send, static_cast<char*>(p), n, peer, tag, comm_, reqs, st_);
+  }
+  void repost(Incoming& x, int b) {
+    const uint64_t at = x.next_post * kReplicaChunk;
+    if (at >= x.bytes) return;
+    const uint64_t n = std::min(kReplicaChunk, x.bytes - at);
+    x.buf[b].resize(n);
+    const int rc = MPI_Irecv(x.buf[b].data(), static_cast<int>(n), MPI_BYTE, x.rank, kReplicaTag, comm_, &x.req[b]);
+    if (rc != MPI_SUCCESS && st_.ok()) st_ = comm::mpi_status(rc, "MPI_Irecv");
+    x.chunk_of[b] = x.next_post++;
+  }
+  // Writes every origin's chunks that have arrived, in order, and posts the following ones.
+  void progress() {
+    for (auto& x : in_) {
+      while (x.next_write * kReplicaChunk < x.bytes) {
+        const int b = static_cast<int>(x.next_write % 2);
+        if (x.req[b] == MPI_REQUEST_NULL || x.chunk_of[b] != x.next_write) break;
+        int flag = 0;
+        const int rc = MPI_Test(&x.req[b], &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+          if (st_.ok()) st_ = comm::mpi_status(rc, "MPI_Test");
+          return;
+        }
+        if (!flag) break;
+        const uint64_t at = x.next_write * kReplicaChunk;
+        XXH3_64bits_update(x.hash, x.buf[b].data(), x.buf[b].size());
+        if (st_.ok() && x.fd >= 0) st_ = write_all(x.fd, x.buf[b].data(), x.buf[b].size(), at, x.path);
+        ++x.next_write;
+        repost(x, b);
+      }
+    }
+    for (int b = 0; b < 2; ++b)
+      if (!out_req_[b].empty()) {
+        int flag = 0;
+        MPI_Testall(static_cast<int>(out_req_[b].size()), out_req_[b].data(), &flag, MPI_STATUSES_IGNORE);
+        if (flag) out_req_[b].clear();
+      }
+  }
+  void flush() {
+    if (!targets_.empty())
+      for (int t : targets_) post_chunks(true, out_[cur_].data(), fill_, t, kReplicaTag, comm_, out_req_[cur_], st_);
+    sent_ += fill_;
+    fill_ = 0;
+    cur_ ^= 1;
+  }
+  void wait_out(int b) {  // keeps receiving while a send drains, so two partners never wait on each other
+    while (!out_req_[b].empty()) {
+      progress();
+      if (out_req_[b].empty()) break;
+      std::this_thread::yield();
+      check("sending partner copies");
+    }
+  }
+
+  void check(const char* what) {  // the deadline, and peers that passed theirs, every few ms
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check_) return;
+    comm::check_deadline(deadline_, what, comm_);
+    next_check_ = now + std::chrono::milliseconds(5);
+  }
+
+  comm::Deadline deadline_;
+  std::chrono::steady_clock::time_point next_check_{};
+  int me_;
+  uint64_t my_bytes_;
+  MPI_Comm comm_;
+  std::vector<int> targets_;
+  std::vector<Incoming> in_;
+  std::vector<char> out_[2];
+  std::vector<MPI_Request> out_req_[2];
+  int cur_ = 0;
+  uint64_t fill_ = 0, sent_ = 0;
+  Status st_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const NodeMap>> make_node_map(const Topology::Impl& topo) {
+  const MPI_Comm world = topo.world.get();
+  const int size = topo.world.size();
+  int leader = topo.node_ranks.empty() ? topo.world.rank() : topo.node_ranks.front();
+  std::vector<int> leaders(size);
+  MPI_Request req;
+  int rc = MPI_Iallgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world, &req);
+  if (rc != MPI_SUCCESS) return comm::mpi_status(rc, "MPI_Iallgather");
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "exchanging the node map", world));
+  std::vector<int> distinct = leaders;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  auto map = std::make_shared<NodeMap>();
+  map->members.resize(distinct.size());
+  map->node_of.resize(size);
+  for (int r = 0; r < size; ++r) {
+    const int n = static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), leaders[r]) - distinct.begin());
+    map->node_of[r] = n;
+    map->members[n].push_back(r);
+  }
+  map->my_node = map->node_of[topo.world.rank()];
+  return std::shared_ptr<const NodeMap>(std::move(map));
+}
+
+std::vector<int> replica_targets(const NodeMap& nodes, int rank, int replicas) {
+  std::vector<int> out;
+  const int n = nodes.node_of[rank];
+  const auto& mine = nodes.members[n];
+  const int index = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  for (int k = 1; k <= std::min(replicas, nodes.nodes() - 1); ++k) {
+    const auto& other = nodes.members[(n + k) % nodes.nodes()];
+    out.push_back(other[index % other.size()]);
+  }
+  return out;
+}
+
+bool should_persist(const SaveOptions& options, const CheckpointerOptions& copts, int64_t count) {
+  if (options.persist) return true;
+  if (copts.persist_every <= 0) return false;
+  const int64_t n = options.step >= 0 ? options.step : count;
+  return n % copts.persist_every == 0;
+}
+
+Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts,
+                              LocalSave& local, WriteSource& source) {
+  const MPI_Comm world = comms.world.get();
+  const int me = comms.world.rank();
+  const bool coordinator = me == comms.coordinator;
+  const bool leader = comms.leader();
+  const std::string partial = storage::local_partial_dir(local.dir, local.name);
+  const std::string final_dir = (fs::path(local.dir) / local.name).string();
+  const std::string mine = (fs::path(partial) / storage::local_rank_file(me)).string();
+  SaveReport& report = job.report;
+  auto fail = [&](const Status& st) {
+    while (auto w = source.next()) source.done(*w);  // the async snapshot must not wait for us
+    if (leader) (void)storage::remove_tree(partial);
+    (void)comm::idle_barrier(comms.node.get());  // every failure is collective: return once it is gone
+    return st.with_context("local save of '" + job.path + "' to '" + local.dir + "'");
+  };
+
+  // 1. This node's partial directory, made by its leader; stale ones of crashed saves go too.
+  PhaseScope scope("save_local", "write");
+  const double t0 = now_s();
+  Status st;
+  if (leader) {
+    std::error_code ec;
+    fs::create_directories(local.dir, ec);
+    if (ec) st = Status(ErrorCode::kIo, "cannot create '" + local.dir + "': " + ec.message());
+    if (st.ok()) st = storage::remove_tree(partial);
+    if (st.ok()) st = storage::make_dir(partial);
+  }
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+
+  // 2. This rank's planned bytes, in plan order, to its own file, streamed to the partner nodes
+  // as they are written (and the partners' streams received into their copies).
+  storage::LocalRankFile file;
+  uint64_t received = 0;
+  std::vector<std::pair<int, uint64_t>> replica_sums;
+  {
+    ReplicaStream stream(*local.nodes, copts.local_replicas, me, local.my_bytes, partial, world);
+    const int fd = storage::io::open(mine, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0) st = storage::io::error("open", mine, errno);
+    XXH3_state_t* h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    while (auto w = source.next()) {
+      if (st.ok()) st = source.status();
+      if (w->write->bytes) {
+        if (st.ok()) st = write_all(fd, w->data, w->write->bytes, file.bytes, mine);
+        XXH3_64bits_update(h, w->data, w->write->bytes);
+        stream.push(w->data, w->write->bytes);
+      }
+      file.bytes += w->write->bytes;
+      source.done(*w);
+    }
+    file.xxh3 = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    if (fd >= 0) {
+      Status closed = sync_close(fd, mine);
+      if (st.ok()) st = closed;
+    }
+    report.write_s = now_s() - t0;
+    const double t_rep = now_s();
+    Status streamed = stream.finish(&received, &replica_sums);
+    if (st.ok()) st = streamed;
+    report.replicate_s = now_s() - t_rep;
+  }
+  report.bytes_written = file.bytes;
+  kill_point("local_write", me);
+  kill_point("local_replica", me);
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+
+  // 3. The manifest: sizes and checksums to the coordinator, the whole manifest to everyone.
+  Writer w;
+  w.u64(file.bytes), w.u64(file.xxh3);
+  auto gathered = comms.gather(w.out);
+  if (!gathered.ok()) return fail(gathered.status());
+  Result<std::string> manifest_bytes = std::string();
+  if (coordinator) {
+    storage::LocalManifest m;
+    m.name = local.name;
+    m.shared_path = storage::canonical_path(job.path);
+    m.step = job.options.step;
+    m.library_version = H5CKPT_VERSION;
+    m.sizes = comms.sizes;
+    m.coords = comms.all_coords;
+    m.node_of_rank = local.nodes->node_of;
+    m.attributes = job.attributes;
+    m.plan = wire::encode_tensors(*job.plan);
+    for (const std::string& g : *gathered) {
+      Reader r{g};
+      storage::LocalRankFile f{r.u64(), r.u64()};
+      if (!r.done()) manifest_bytes = Status(ErrorCode::kInternal, "malformed file record");
+      m.files.push_back(f);
+    }
+    if (manifest_bytes.ok()) manifest_bytes = storage::encode_local_manifest(m);
+  }
+  auto shared_manifest = bcast_outcome(manifest_bytes, comms);
+  if (!shared_manifest.ok()) return fail(shared_manifest.status());
+  auto manifest = storage::decode_local_manifest(*shared_manifest);
+  if (!manifest.ok()) return fail(manifest.status());
+
+  // 4. Every partner copy received must be the file its origin wrote.
+  st = Status::Ok();
+  for (const auto& [origin, sum] : replica_sums)
+    if (st.ok() && sum != manifest->files[static_cast<size_t>(origin)].xxh3)
+      st = Status(ErrorCode::kCorrupt, "the copy of rank " + std::to_string(origin) + "'s file received on rank " +
+                                           std::to_string(me) + " does not match its checksum");
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+
+  // 5. Commit: manifests written everywhere first, then every node renames its directory.
+  PhaseScope commit_scope("save_local", "commit");
+  const double t_commit = now_s();
+  if (leader)
+    st = storage::write_file_atomic((fs::path(partial) / storage::kLocalManifestName).string(), *shared_manifest);
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+  if (leader) {
+    st = Status::Ok();
+    std::error_code ec;
+    if (fs::exists(final_dir, ec)) st = storage::remove_tree(final_dir);  // a re-save of the same step
+    kill_point("local_commit", me);
+    if (st.ok() && storage::io::rename(partial, final_dir) != 0)
+      st = storage::io::error("rename", partial + "' to '" + final_dir, errno);
+    if (st.ok()) st = storage::fsync_path(local.dir);
+  }
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+  if (leader) storage::retain_local(local.dir, std::max<int64_t>(copts.local_keep, 1), local.name);
+  report.commit_s = now_s() - t_commit;
+  report.path = final_dir;
+  report.level = "local";
+  report.bytes_total = 0;
+  for (const auto& t : *job.plan) report.bytes_total += t.nbytes();
+  metrics::log().info("local save '{}' committed: {} bytes here, {} bytes of replicas received, write {:.3f}s "
+                      "replicas {:.3f}s commit {:.3f}s",
+                      final_dir, file.bytes, received, report.write_s, report.replicate_s, report.commit_s);
+  if (!local.persist) {
+    report.total_s = now_s() - job.t0;
+    return report;
+  }
+
+  // 6. Persist from the local copy: the normal shared checkpoint, same plan, same writes.
+  const double t_persist = now_s();
+  H5CKPT_RETURN_IF_ERROR(prepare_shared_dir(comms, job));
+  LocalFileSource from_file((fs::path(final_dir) / storage::local_rank_file(me)).string(), local.persist_writes);
+  SaveReport local_report = report;
+  job.report.bytes_written = 0;
+  kill_point("persist_write", me);
+  H5CKPT_RETURN_IF_ERROR(save_write(comms, job, copts, from_file));
+  auto shared = save_commit(comms, job, copts);
+  if (!shared.ok()) return shared.status().with_context("persisting local checkpoint '" + final_dir + "'");
+  local_report.persisted = shared->path;
+  local_report.persist_s = now_s() - t_persist;
+  local_report.total_s = now_s() - job.t0;
+  return local_report;
+}
+
+// ---- resolution across levels ---------------------------------------------------------------
+
+namespace {
+
+struct Candidate {
+  std::string name;
+  uint64_t id = 0;
+  int64_t step = -1;
+  uint64_t world = 0;
+  std::vector<int> node_of_rank;                // saved node of each rank (for messages)
+  std::map<int, std::vector<int>> holders;      // saved rank -> live nodes holding its file
+  int manifest_node = -1;                       // a live node holding the manifest
+};
+
+std::string encode_listing(const std::vector<storage::LocalEntry>& entries,
+                           const std::vector<std::string>& manifests) {
+  Writer w;
+  w.u64(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    auto m = storage::decode_local_manifest(manifests[i]);  // listed entries decoded once already
+    w.str(e.name), w.u64(e.manifest_id), w.i64(e.step), w.u64(m.ok() ? m->files.size() : 0);
+    w.u64(e.ranks.size());
+    for (int r : e.ranks) w.i64(r);
+    const auto& nodes = m.ok() ? m->node_of_rank : std::vector<int>{};
+    w.u64(nodes.size());
+    for (int n : nodes) w.i64(n);
+  }
+  return w.out;
+}
+
+Status decode_listing(const std::string& bytes, int node, std::map<std::pair<std::string, uint64_t>, Candidate>& c) {
+  Reader r{bytes};
+  const uint64_t n = r.u64();
+  for (uint64_t i = 0; i < n && r.ok; ++i) {
+    std::string name = r.str();
+    const uint64_t id = r.u64();
+    const int64_t step = r.i64();
+    const uint64_t world = r.u64();
+    Candidate& x = c[{name, id}];
+    x.name = name, x.id = id, x.step = step, x.world = world;
+    x.manifest_node = x.manifest_node < 0 ? node : x.manifest_node;
+    const uint64_t k = r.u64();
+    for (uint64_t j = 0; j < k && r.ok; ++j) x.holders[static_cast<int>(r.i64())].push_back(node);
+    const uint64_t m = r.u64();
+    std::vector<int> nodes;
+    for (uint64_t j = 0; j < m && r.ok; ++j) nodes.push_back(static_cast<int>(r.i64()));
+    if (!nodes.empty()) x.node_of_rank = std::move(nodes);
+  }
+  if (!r.done()) return Status(ErrorCode::kInternal, "malformed local listing from node " + std::to_string(node));
+  return Status::Ok();
+}
+
+// The missing ranks of a candidate, as a sentence naming them and the nodes that saved them.
+std::string missing_pieces(const Candidate& c, const std::set<std::pair<int, int>>& bad) {
+  std::map<int, std::vector<int>> by_node;
+  for (uint64_t r = 0; r < c.world; ++r) {
+    auto it = c.holders.find(static_cast<int>(r));
+    bool any = false;
+    if (it != c.holders.end())
+      for (int n : it->second) any = any || !bad.count({n, static_cast<int>(r)});
+    if (!any) by_node[r < c.node_of_rank.size() ? c.node_of_rank[r] : -1].push_back(static_cast<int>(r));
+  }
+  std::string s;
+  for (const auto& [node, ranks] : by_node)
+    s += std::string(s.empty() ? "" : "; ") + "ranks " + join_ranks(ranks) + " (saved on node " + std::to_string(node) +
+         ")";
+  return s;
+}
+
+}  // namespace
+
+Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, const CheckpointerOptions& copts,
+                           const NodeMap& nodes) {
+  PhaseScope scope("load", "resolve_levels");
+  const MPI_Comm world = topo.world.get();
+  const int me = topo.world.rank();
+  const bool coordinator = me == topo.coordinator;
+  const std::string dir = storage::expand_local_dir(copts.local_dir, nodes.my_node);
+
+  // Every node leader lists its local checkpoints for `path`.
+  std::string listing;
+  if (topo.leader()) {
+    std::vector<std::string> manifests;
+    auto entries = storage::list_local_checkpoints(dir, path, &manifests);
+    listing = encode_listing(entries, manifests);
+  }
+  H5CKPT_ASSIGN_OR_RETURN(auto lists, topo.gather(listing));
+
+  std::map<std::pair<std::string, uint64_t>, Candidate> cands;
+  int64_t shared_step = -1;
+  std::string shared_problem;
+  Status st;
+  if (coordinator) {
+    for (size_t r = 0; r < lists.size() && st.ok(); ++r)
+      if (!lists[r].empty()) st = decode_listing(lists[r], nodes.node_of[r], cands);
+    auto info = read_checkpoint_info(path);
+    if (info.ok()) shared_step = info->step;
+    else shared_problem = info.status().message();
+  }
+  std::set<std::pair<int, int>> bad;  // (node, saved rank) whose file failed its check
+  for (int round = 0; round < 4; ++round) {
+    // The coordinator chooses; the choice (or "shared") goes to every rank.
+    Result<std::string> choice = std::string();
+    if (coordinator && st.ok()) {
+      std::vector<const Candidate*> order;
+      for (const auto& [k, c] : cands) order.push_back(&c);
+      std::sort(order.begin(), order.end(), [](const Candidate* a, const Candidate* b) {
+        return a->step != b->step ? a->step > b->step : a->name > b->name;
+      });
+      std::string why;
+      Writer w;
+      const Candidate* pick = nullptr;
+      for (const Candidate* c : order) {
+        if (c->step < shared_step) break;  // the shared level is newer
+        std::string missing = missing_pieces(*c, bad);
+        if (missing.empty()) {
+          pick = c;
+          break;
+        }
+        why += (why.empty() ? "" : "; ") + std::string("local checkpoint '") + c->name + "' (step " +
+               std::to_string(c->step) + ") cannot be served: no intact copy on any live node of the files of " +
+               missing;
+      }
+      if (pick) {
+        // A server for every saved rank: the node that saved it when it still holds the file
+        // (the same layout then reads only its own disk), else the least busy holder; then one
+        // of that node's ranks in turn.
+        std::vector<int> load(nodes.nodes(), 0), servers(pick->world, -1);
+        int from_replicas = 0;
+        for (uint64_t r = 0; r < pick->world; ++r) {
+          const int saved_on = r < pick->node_of_rank.size() ? pick->node_of_rank[r] : -1;
+          int best = -1;
+          for (int n : pick->holders.at(static_cast<int>(r))) {
+            if (bad.count({n, static_cast<int>(r)})) continue;
+            if (n == saved_on) {
+              best = n;
+              break;
+            }
+            if (best < 0 || load[n] < load[best]) best = n;
+          }
+          const auto& m = nodes.members[best];
+          servers[r] = m[load[best]++ % m.size()];
+          if (r < pick->node_of_rank.size() && pick->node_of_rank[r] != best) ++from_replicas;
+        }
+        std::string reason = "local checkpoint '" + pick->name + "' (step " + std::to_string(pick->step) +
+                             ") from node-local storage, " + std::to_string(from_replicas) + " of " +
+                             std::to_string(pick->world) + " ranks' files served from partner copies; the shared "
+                             "level's newest is " +
+                             (shared_step >= 0 ? "step " + std::to_string(shared_step) : "none");
+        if (!why.empty()) reason += " (" + why + ")";
+        w.u64(1), w.str(reason), w.str(pick->name), w.u64(pick->id);
+        w.i64(nodes.members[pick->manifest_node].front());
+        w.u64(servers.size());
+        for (int s : servers) w.i64(s);
+      } else {
+        std::string reason = shared_step >= 0
+                                 ? "shared checkpoint at '" + path + "' (step " + std::to_string(shared_step) + ")"
+                                 : "shared level at '" + path + "' (" +
+                                       (shared_problem.empty() ? "nothing there" : shared_problem) + ")";
+        if (!why.empty()) reason += ": " + why;
+        else if (order.empty()) reason += ": no local checkpoint for it on any node";
+        else reason += ": it is at least as new as every local checkpoint";
+        w.u64(0), w.str(reason);
+      }
+      choice = w.out;
+    }
+    if (!st.ok()) choice = st;
+    H5CKPT_ASSIGN_OR_RETURN(std::string msg, bcast_outcome(choice, topo));
+    Reader r{msg};
+    Resolution res;
+    res.local = r.u64() != 0;
+    res.reason = r.str();
+    if (!res.local) {
+      if (coordinator) metrics::log().info("load of '{}' reads the {}", path, res.reason);
+      // The shared level: the ordinary load resolves it (and its metadata) itself.
+      Result<std::string> info_path = std::string();
+      if (coordinator) {
+        auto resolved = storage::resolve_checkpoint_dir(path);
+        info_path = resolved.ok() ? Result<std::string>(*resolved) : Result<std::string>(resolved.status());
+      }
+      H5CKPT_ASSIGN_OR_RETURN(std::string p, bcast_outcome(info_path, topo));
+      auto info = read_checkpoint_info(p);  // every rank, as the trainer needs it
+      if (!info.ok()) return info.status().with_context(res.reason);
+      res.info = std::move(info).value();
+      return res;
+    }
+    const std::string name = r.str();
+    const uint64_t id = r.u64();
+    const int manifest_root = static_cast<int>(r.i64());
+    const uint64_t n = r.u64();
+    for (uint64_t i = 0; i < n; ++i) res.server.push_back(static_cast<int>(r.i64()));
+    if (!r.done()) return Status(ErrorCode::kInternal, "malformed level choice");
+    res.dir = (fs::path(dir) / name).string();
+
+    // The manifest from a node that has it; every rank decodes it.
+    std::string manifest;
+    if (me == manifest_root) {
+      auto bytes = storage::read_whole_file((fs::path(res.dir) / storage::kLocalManifestName).string());
+      if (bytes.ok() && XXH3_64bits(bytes->data(), bytes->size()) == id) manifest = std::move(bytes).value();
+    }
+    H5CKPT_RETURN_IF_ERROR(comm::bcast_bytes(manifest, manifest_root, world));
+    auto m = storage::decode_local_manifest(manifest);
+    Status ok = m.status();
+    Result<std::vector<planner::TensorPlan>> tensors = ok;
+    if (ok.ok()) tensors = wire::decode_tensors(m->plan);
+    ok = tensors.status();
+    if (ok.ok() && m->files.size() != res.server.size()) ok = Status(ErrorCode::kInternal, "manifest and choice disagree");
+    // The servers check the files they will serve.
+    std::vector<int> failed;
+    for (size_t s = 0; ok.ok() && s < res.server.size(); ++s) {
+      if (res.server[s] != me) continue;
+      const std::string f = (fs::path(res.dir) / storage::local_rank_file(static_cast<int>(s))).string();
+      auto sum = storage::file_xxh3(f, m->files[s].bytes);
+      if (!sum.ok() || *sum != m->files[s].xxh3) {
+        metrics::log().warn("local checkpoint file '{}' fails its check ({}): served from another copy if any", f,
+                            sum.ok() ? "checksum mismatch" : sum.status().to_string());
+        failed.push_back(static_cast<int>(s));
+      }
+    }
+    if (Status a = comm::agree(ok, world); !a.ok()) return a.with_context("reading the local manifest of '" + name + "'");
+    Writer fw;
+    for (int f : failed) fw.i64(f);
+    H5CKPT_ASSIGN_OR_RETURN(auto fails, topo.gather(fw.out));
+    int again = 0;
+    if (coordinator) {
+      for (size_t q = 0; q < fails.size(); ++q) {
+        Reader fr{fails[q]};
+        while (fr.at < fails[q].size() && fr.ok) bad.insert({nodes.node_of[q], static_cast<int>(fr.i64())});
+        again = again || !fails[q].empty();
+      }
+    }
+    std::string flag = again ? "1" : "0";
+    H5CKPT_RETURN_IF_ERROR(topo.bcast(flag));
+    if (flag == "1") continue;  // choose again without the files that failed
+    if (coordinator) metrics::log().info("load of '{}' reads the {}", path, res.reason);
+    res.manifest = std::move(m).value();
+    res.tensors = std::move(tensors).value();
+    res.info = storage::local_info(res.manifest, res.tensors, res.dir);
+    return res;
+  }
+  return Status(ErrorCode::kCorrupt, "local checkpoints of '" + path + "' keep failing their checks");
+}
+
+// ---- loading from the local level -----------------------------------------------------------
+
+Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, const Resolution& res,
+                              const LoadOptions& options) {
+  PhaseScope scope("load", "local");
+  const double t0 = now_s();
+  const MPI_Comm world = topo.world.get();
+  const int me = topo.world.rank();
+  const int size = topo.world.size();
+  LoadReport report;
+  report.path = res.dir;
+  report.transport = "mpi-local";
+  auto fail = [&](const Status& s) { return s.with_context("load from local checkpoint '" + res.dir + "'"); };
+
+  // Local checks, then one agreement: what each item wants and where it lands.
+  ExpandedState expanded(state);
+  StateDict& items = expanded.state();
+  std::map<std::string, size_t> by_key;
+  for (size_t t = 0; t < res.tensors.size(); ++t) by_key[res.tensors[t].key] = t;
+  struct Dest {
+    size_t item;
+    size_t tensor;
+    char* landing;            // where the stored bytes land (the item's buffer, or `temp`)
+    std::vector<char> temp;   // conversion or device staging
+    bool convert = false;
+  };
+  std::vector<Dest> dests;
+  Status st = expanded.status();
+  for (size_t i = 0; i < items.size() && st.ok(); ++i) {
+    StateItem& it = items.items()[i];
+    const std::string ctx = expanded.context(i);
+    auto found = by_key.find(it.key);
+    if (found == by_key.end()) {
+      if (options.strict) st = Status(ErrorCode::kNotFound, ctx + " is not in the checkpoint");
+      else if (std::find(report.missing_keys.begin(), report.missing_keys.end(), it.key) == report.missing_keys.end())
+        report.missing_keys.push_back(it.key);
+      continue;
+    }
+    const planner::TensorPlan& t = res.tensors[found->second];
+    st = check_item_buffer(it).with_context(ctx);
+    if (st.ok() && t.shape != it.global_shape && !(it.allow_shape_mismatch && t.shape.size() == it.global_shape.size()))
+      st = Status(ErrorCode::kShapeMismatch, ctx + ": the checkpoint's global shape differs");
+    const bool convert = st.ok() && t.dtype != it.dtype;
+    if (convert && !(options.convert_dtype && dtype_is_float(t.dtype) && dtype_is_float(it.dtype)))
+      st = Status(ErrorCode::kDtypeMismatch, ctx + ": saved as " + dtype_name(t.dtype) + ", wanted as " +
+                                                 dtype_name(it.dtype));
+    if (!st.ok()) break;
+    Dest d{i, found->second, static_cast<char*>(it.data), {}, convert};
+    const uint64_t n = static_cast<uint64_t>(it.shard.numel());
+    if (convert || device::is_device_item(it)) {
+      d.temp.assign(n * dtype_size(t.dtype), 0);
+      d.landing = d.temp.data();
+    } else if (t.shape != it.global_shape && n) {
+      std::memset(it.data, 0, n * dtype_size(it.dtype));  // the part outside the stored shape stays zero
+    }
+    dests.push_back(std::move(d));
+  }
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+
+  // Requests: for each wanted region, its server; the exchange tells every server what to send.
+  std::vector<Writer> to(size);
+  std::vector<uint64_t> expect(size, 0);
+  struct Want {
+    size_t dest;
+    int tensor, region;
+  };
+  std::vector<std::vector<Want>> wants(size);
+  for (size_t di = 0; di < dests.size(); ++di) {
+    const Dest& d = dests[di];
+    const StateItem& it = items.items()[d.item];
+    const planner::TensorPlan& t = res.tensors[d.tensor];
+    for (size_t g = 0; g < t.regions.size(); ++g) {
+      const uint64_t n = overlap_elements(t.shape, t.regions[g].shard, it.shard);
+      if (!n) continue;
+      const int s = res.server.at(static_cast<size_t>(t.regions[g].writer));
+      to[s].u64(d.tensor), to[s].u64(g);
+      put_shard(to[s], it.shard);
+      expect[s] += n * dtype_size(t.dtype);
+      wants[s].push_back({di, static_cast<int>(d.tensor), static_cast<int>(g)});
+    }
+  }
+  std::vector<int> send_counts(size), recv_counts(size), sdispl(size), rdispl(size);
+  std::string sendbuf;
+  for (int q = 0; q < size; ++q) {
+    sdispl[q] = static_cast<int>(sendbuf.size());
+    send_counts[q] = static_cast<int>(to[q].out.size());
+    sendbuf += to[q].out;
+  }
+  MPI_Request req;
+  int rc = MPI_Ialltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, world, &req);
+  if (rc != MPI_SUCCESS) return fail(comm::mpi_status(rc, "MPI_Ialltoall"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "exchanging local-level requests", world));
+  int total = 0;
+  for (int q = 0; q < size; ++q) rdispl[q] = total, total += recv_counts[q];
+  std::string recvbuf(static_cast<size_t>(total), '\0');
+  rc = MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(), MPI_BYTE, recvbuf.data(), recv_counts.data(),
+                      rdispl.data(), MPI_BYTE, world, &req);
+  if (rc != MPI_SUCCESS) return fail(comm::mpi_status(rc, "MPI_Ialltoallv"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "exchanging local-level requests", world));
+  report.plan_s = now_s() - t0;
+
+  // Serving: read every requested run from the local files, packed in request order.
+  const double t_read = now_s();
+  auto offsets = region_file_offsets(res.tensors, res.manifest.files.size());
+  std::map<int, int> fds;  // saved rank -> open file
+  auto file_of = [&](int writer, int* fd) -> Status {
+    auto it = fds.find(writer);
+    if (it != fds.end()) return *fd = it->second, Status::Ok();
+    const std::string f = (fs::path(res.dir) / storage::local_rank_file(writer)).string();
+    *fd = storage::io::open(f, O_RDONLY);
+    if (*fd < 0) return storage::io::error("open", f, errno);
+    fds[writer] = *fd;
+    return Status::Ok();
+  };
+  std::vector<std::vector<char>> packs(size);
+  st = Status::Ok();
+  for (int q = 0; q < size && st.ok(); ++q) {
+    const std::string part = recvbuf.substr(static_cast<size_t>(rdispl[q]), static_cast<size_t>(recv_counts[q]));
+    Reader r{part};
+    while (st.ok() && r.at < part.size()) {
+      const uint64_t t = r.u64(), g = r.u64();
+      const ShardSpec want = get_shard(r);
+      if (!r.ok || t >= res.tensors.size() || g >= res.tensors[t].regions.size()) {
+        st = Status(ErrorCode::kInternal, "malformed local-level request from rank " + std::to_string(q));
+        break;
+      }
+      const planner::TensorPlan& tp = res.tensors[t];
+      const planner::PlannedRegion& region = tp.regions[g];
+      if (res.server.at(static_cast<size_t>(region.writer)) != me) {
+        st = Status(ErrorCode::kInternal, "rank " + std::to_string(q) + " asked the wrong server");
+        break;
+      }
+      int fd = -1;
+      st = file_of(region.writer, &fd);
+      const uint64_t esize = dtype_size(tp.dtype), base = offsets[t][g];
+      const std::string fname = storage::local_rank_file(region.writer);
+      std::vector<char>& out = packs[q];
+      for_each_overlap(tp.shape, region.shard, want, [&](int64_t src, int64_t, int64_t n) {
+        const size_t at = out.size();
+        out.resize(at + static_cast<size_t>(n) * esize);
+        if (st.ok())
+          st = read_all(fd, out.data() + at, static_cast<uint64_t>(n) * esize, base + static_cast<uint64_t>(src) * esize,
+                        fname);
+      });
+      report.bytes_read += 0;  // counted below, per pack
+    }
+  }
+  for (auto& [w, fd] : fds) storage::io::close(fd);
+  for (int q = 0; q < size; ++q) {
+    report.bytes_read += packs[q].size();
+    if (q != me) report.bytes_sent += packs[q].size();
+  }
+  // A failed read still sends (garbage) so every rank finishes the exchange; the agreement fails it.
+  std::vector<std::vector<char>> got(size);
+  std::vector<MPI_Request> reqs;
+  Status posted;
+  for (int s = 0; s < size; ++s) {
+    if (s == me || !expect[s]) continue;
+    got[s].resize(expect[s]);
+    post_chunks(false, got[s].data(), expect[s], s, kServeTag, world, reqs, posted);
+  }
+  for (int q = 0; q < size; ++q) {
+    if (q == me || packs[q].empty()) continue;
+    post_chunks(true, packs[q].data(), packs[q].size(), q, kServeTag, world, reqs, posted);
+  }
+  Status waited = wait_all(reqs, "serving local-level bytes", world);
+  if (st.ok()) st = posted;
+  if (st.ok()) st = waited;
+  got[me] = std::move(packs[me]);
+  report.read_s = now_s() - t_read;
+  if (Status a = comm::agree(st.ok() && got[me].size() != expect[me]
+                                 ? Status(ErrorCode::kInternal, "served bytes differ from the request")
+                                 : st,
+                             world);
+      !a.ok())
+    return fail(a);
+
+  // Unpacking: the same runs, in the same order, into the landing buffers.
+  const double t_x = now_s();
+  for (int s = 0; s < size; ++s) {
+    const char* in = got[s].data();
+    for (const Want& w : wants[s]) {
+      Dest& d = dests[w.dest];
+      const StateItem& it = items.items()[d.item];
+      const planner::TensorPlan& tp = res.tensors[w.tensor];
+      const uint64_t esize = dtype_size(tp.dtype);
+      for_each_overlap(tp.shape, tp.regions[w.region].shard, it.shard, [&](int64_t, int64_t dst, int64_t n) {
+        std::memcpy(d.landing + static_cast<uint64_t>(dst) * esize, in, static_cast<size_t>(n) * esize);
+        in += static_cast<size_t>(n) * esize;
+      });
+    }
+    if (s != me) report.bytes_received += got[s].size();
+  }
+  // Conversion and device copies of items that did not land in place.
+  st = Status::Ok();
+  for (Dest& d : dests) {
+    if (d.temp.empty() && !d.convert) continue;
+    const StateItem& it = items.items()[d.item];
+    const DType stored = res.tensors[d.tensor].dtype;
+    const size_t n = static_cast<size_t>(it.shard.numel());
+    std::vector<char> converted;
+    const char* ready = d.landing;
+    if (d.convert) {
+      converted.resize(n * dtype_size(it.dtype));
+      if (!detail::convert_elements(d.landing, stored, converted.data(), it.dtype, n))
+        st = Status(ErrorCode::kDtypeMismatch, expanded.context(d.item) + ": no conversion");
+      ready = converted.data();
+    }
+    if (st.ok() && device::is_device_item(it)) {
+      st = device::staging().copy_to_device(it.data, ready, n * dtype_size(it.dtype));
+      if (st.ok()) st = device::staging().synchronize();
+    } else if (st.ok()) {
+      std::memcpy(it.data, ready, n * dtype_size(it.dtype));
+    }
+    if (!st.ok()) break;
+  }
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+  report.exchange_s = now_s() - t_x;
+  report.total_s = now_s() - t0;
+  metrics::log().info("loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s", res.dir,
+                      report.bytes_read, report.bytes_received, report.total_s);
+  return report;
+}
+
+}  // namespace h5ckpt::engine::local
