@@ -1077,8 +1077,10 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
   report.exchange_s = now_s() - t_x;
   report.total_s = now_s() - t0;
-  metrics::log().info("loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s", res.dir,
-                      report.bytes_read, report.bytes_received, report.total_s);
+  metrics::log().info("loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s (requests "
+                      "{:.3f}s, reads and transfers {:.3f}s, unpacking {:.3f}s)",
+                      res.dir, report.bytes_read, report.bytes_received, report.total_s, report.plan_s, report.read_s,
+                      report.exchange_s);
   return report;
 }
 

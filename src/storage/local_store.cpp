@@ -149,6 +149,8 @@ std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name[0] == '.') continue;  // partial saves and hidden files
+    std::error_code dir_ec;
+    if (!it->is_directory(dir_ec)) continue;  // other files the user keeps there
     const std::string cdir = it->path().string();
     auto bytes = read_whole_file((fs::path(cdir) / kLocalManifestName).string(), 1ull << 34);
     if (!bytes.ok()) {
