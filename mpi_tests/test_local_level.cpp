@@ -301,6 +301,18 @@ TEST_F(LocalLevel, MissingKeyAndWrongShapeAreClearErrors) {
   EXPECT_EQ(s2.model.count_mismatches(&first), 0) << first;
 }
 
+TEST_F(LocalLevel, LocalDirSharedByNodesIsRefused) {
+  if (node_count() < 2) GTEST_SKIP() << "one node";
+  opts.local_dir = root + "/one-for-all";  // no {node}: every simulated node sees the same directory
+  Topology t = topology(layout_a());
+  Checkpointer ck(t, opts);
+  auto rep = save(ck, layout_a(), 1);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().code(), ErrorCode::kInvalidArgument) << rep.status().to_string();
+  EXPECT_NE(rep.status().to_string().find("is shared by nodes"), std::string::npos) << rep.status().to_string();
+  EXPECT_FALSE(fs::exists(root + "/one-for-all/step-1"));
+}
+
 TEST(LocalManifest, RoundTripsAndRefusesDamage) {
   storage::LocalManifest m;
   m.name = "step-5";

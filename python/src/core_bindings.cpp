@@ -75,6 +75,10 @@ py::dict save_report_dict(const SaveReport& r) {
   d["total_s"] = r.total_s;
   d["plan_cached"] = r.plan_cached;
   d["async"] = r.async;
+  d["level"] = r.level;
+  d["persisted"] = r.persisted;
+  d["replicate_s"] = r.replicate_s;
+  d["persist_s"] = r.persist_s;
   return d;
 }
 
@@ -138,6 +142,58 @@ void add_item(PyStateDict& self, const std::string& key, py::handle data, py::ha
   item.allow_shape_mismatch = allow_shape_mismatch;
   self.holds.push_back(b.hold);
   self.writable.push_back(b.writable ? 1 : 0);
+}
+
+// A piece given as a ShardPiece or as a (shard, buffer_offset_bytes) pair.
+ShardPiece piece_arg(py::handle obj) {
+  if (py::isinstance<ShardPiece>(obj)) return obj.cast<ShardPiece>();
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) || py::len(obj) != 2)
+    throw py::type_error("a piece is a ShardPiece or a (ShardSpec, buffer_offset_bytes) pair");
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  const int64_t off = seq[1].cast<int64_t>();
+  if (off < 0) throw py::value_error("a piece's buffer_offset_bytes must not be negative");
+  return ShardPiece{seq[0].cast<ShardSpec>(), static_cast<uint64_t>(off)};
+}
+
+// StateDict::add_pieces over a Python buffer. What the library cannot see (the buffer's size) is
+// checked here: every piece that fits its shape must lie inside the buffer. The rest (overlaps,
+// pieces outside the shape, misaligned offsets, an empty list) is the library's to report.
+void add_pieces_item(PyStateDict& self, const std::string& key, py::handle dtype, py::handle global_shape,
+                     py::handle pieces, py::handle data, py::handle device) {
+  std::vector<ShardPiece> ps;
+  for (auto p : pieces) ps.push_back(piece_arg(p));
+  const Shape shape = shape_arg(global_shape);
+  BufferRef b = get_buffer(data);
+  if (!b.error.empty()) return self.defer(Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + b.error));
+  auto dt = resolve_dtype(b, dtype_arg(dtype));
+  if (!dt.ok()) return self.defer(Status(dt.status().code(), "key '" + key + "': " + dt.status().message()));
+  const uint64_t nbytes = static_cast<uint64_t>(b.numel) * b.itemsize;
+  const uint64_t esize = dtype_size(dt.value());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!ps[i].shard.validate(shape).ok()) continue;  // the library names it
+    const uint64_t need = static_cast<uint64_t>(ps[i].shard.numel()) * esize;
+    if (ps[i].buffer_offset > nbytes || need > nbytes - ps[i].buffer_offset)
+      return self.defer(Status(ErrorCode::kShapeMismatch,
+                               "key '" + key + "': piece " + std::to_string(i) + " " + region_to_string(ps[i].shard) +
+                                   " at byte offset " + std::to_string(ps[i].buffer_offset) + " needs " +
+                                   std::to_string(need) + " bytes, the buffer holds " + std::to_string(nbytes)));
+  }
+  Device dev = b.device;
+  if (!device.is_none()) {
+    Device want = device.cast<Device>();
+    if (want != dev)
+      return self.defer(Status(ErrorCode::kInvalidArgument,
+                               "key '" + key + "': device=" + (want == Device::kCuda ? "CUDA" : "HOST") +
+                                   " given for a buffer in " + (dev == Device::kCuda ? "CUDA" : "host") + " memory"));
+  }
+  self.sd.add_pieces(key, dt.value(), shape, std::move(ps), b.ptr, dev);
+  self.holds.push_back(b.hold);
+  self.writable.push_back(b.writable ? 1 : 0);
+}
+
+std::string sizes_repr(const ParallelSizes& s) {
+  return "ParallelSizes(tp=" + std::to_string(s.tp) + ", dp=" + std::to_string(s.dp) + ", pp=" + std::to_string(s.pp) +
+         ", cp=" + std::to_string(s.cp) + ", ep=" + std::to_string(s.ep) + ")";
 }
 
 }  // namespace
@@ -213,25 +269,60 @@ void bind_types(py::module_& m) {
       .def("__eq__", [](const ShardSpec& a, const ShardSpec& b) { return a == b; })
       .def("__repr__", &spec_repr);
 
-  py::class_<ParallelSizes>(m, "ParallelSizes")
-      .def(py::init([](int tp, int dp, int pp) { return ParallelSizes{tp, dp, pp}; }), py::arg("tp") = 1,
-           py::arg("dp") = 1, py::arg("pp") = 1)
+  py::class_<ParallelSizes>(m, "ParallelSizes",
+                            "Sizes of the parallel dimensions; the world size is tp * cp * dp * pp, and ep divides dp * cp.")
+      .def(py::init([](int tp, int dp, int pp, int cp, int ep) {
+             ParallelSizes s;
+             s.tp = tp, s.dp = dp, s.pp = pp, s.cp = cp, s.ep = ep;
+             return s;
+           }),
+           py::arg("tp") = 1, py::arg("dp") = 1, py::arg("pp") = 1, py::kw_only(), py::arg("cp") = 1, py::arg("ep") = 1)
       .def_readwrite("tp", &ParallelSizes::tp)
       .def_readwrite("dp", &ParallelSizes::dp)
       .def_readwrite("pp", &ParallelSizes::pp)
-      .def("__eq__", [](const ParallelSizes& a, const ParallelSizes& b) { return a.tp == b.tp && a.dp == b.dp && a.pp == b.pp; })
-      .def("__repr__", [](const ParallelSizes& s) {
-        return "ParallelSizes(tp=" + std::to_string(s.tp) + ", dp=" + std::to_string(s.dp) + ", pp=" + std::to_string(s.pp) + ")";
-      });
-  py::class_<RankCoords>(m, "RankCoords")
-      .def(py::init([](int tp, int dp, int pp) { return RankCoords{tp, dp, pp}; }), py::arg("tp") = 0,
-           py::arg("dp") = 0, py::arg("pp") = 0)
+      .def_readwrite("cp", &ParallelSizes::cp, "context parallel")
+      .def_readwrite("ep", &ParallelSizes::ep, "expert parallel")
+      .def("edp", &ParallelSizes::edp, "Expert-data-parallel size: dp * cp / ep.")
+      .def("__eq__", [](const ParallelSizes& a, const ParallelSizes& b) {
+        return a.tp == b.tp && a.dp == b.dp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep;
+      })
+      .def("__repr__", &sizes_repr);
+  py::class_<RankCoords>(m, "RankCoords",
+                         "A rank's dense (tp, cp, dp, pp) and expert (ep, edp) coordinates. == compares the dense\n"
+                         "position (which determines ep and edp within one topology), as in C++.")
+      .def(py::init([](int tp, int dp, int pp, int cp, int ep, py::object edp) {
+             RankCoords c;
+             c.tp = tp, c.dp = dp, c.pp = pp, c.cp = cp, c.ep = ep;
+             c.edp = edp.is_none() ? dp : edp.cast<int>();
+             return c;
+           }),
+           py::arg("tp") = 0, py::arg("dp") = 0, py::arg("pp") = 0, py::kw_only(), py::arg("cp") = 0, py::arg("ep") = 0,
+           py::arg("edp") = py::none(), "edp defaults to dp (what a topology with cp = ep = 1 gives).")
       .def_readwrite("tp", &RankCoords::tp)
       .def_readwrite("dp", &RankCoords::dp)
       .def_readwrite("pp", &RankCoords::pp)
+      .def_readwrite("cp", &RankCoords::cp, "context-parallel rank")
+      .def_readwrite("ep", &RankCoords::ep, "expert-parallel rank")
+      .def_readwrite("edp", &RankCoords::edp, "expert-data-parallel rank")
       .def("__eq__", [](const RankCoords& a, const RankCoords& b) { return a == b; })
       .def("__repr__", [](const RankCoords& c) {
-        return "RankCoords(tp=" + std::to_string(c.tp) + ", dp=" + std::to_string(c.dp) + ", pp=" + std::to_string(c.pp) + ")";
+        return "RankCoords(tp=" + std::to_string(c.tp) + ", dp=" + std::to_string(c.dp) + ", pp=" + std::to_string(c.pp) +
+               ", cp=" + std::to_string(c.cp) + ", ep=" + std::to_string(c.ep) + ", edp=" + std::to_string(c.edp) + ")";
+      });
+
+  py::class_<ShardPiece>(m, "ShardPiece",
+                         "One piece of a multi-piece item (StateDict.add_pieces): a shard of the global tensor whose\n"
+                         "elements (row-major within the piece) start `buffer_offset` bytes into the item's buffer.")
+      .def(py::init([](const ShardSpec& shard, int64_t off) {
+             if (off < 0) throw py::value_error("buffer_offset must not be negative");
+             return ShardPiece{shard, static_cast<uint64_t>(off)};
+           }),
+           py::arg("shard"), py::arg("buffer_offset") = 0)
+      .def_readwrite("shard", &ShardPiece::shard)
+      .def_readwrite("buffer_offset", &ShardPiece::buffer_offset, "bytes from the buffer's start")
+      .def("__eq__", [](const ShardPiece& a, const ShardPiece& b) { return a.shard == b.shard && a.buffer_offset == b.buffer_offset; })
+      .def("__repr__", [](const ShardPiece& p) {
+        return "ShardPiece(" + spec_repr(p.shard) + ", buffer_offset=" + std::to_string(p.buffer_offset) + ")";
       });
 }
 
@@ -243,6 +334,8 @@ void bind_core(py::module_& m) {
       .def_readwrite("overwrite", &SaveOptions::overwrite)
       .def_readwrite("update_latest", &SaveOptions::update_latest)
       .def_readwrite("step", &SaveOptions::step)
+      .def_readwrite("persist", &SaveOptions::persist,
+                     "with CheckpointerOptions.local_dir: also write this save to the shared level")
       .def_property(
           "device_stream", [](const SaveOptions& o) { return reinterpret_cast<uintptr_t>(o.device_stream); },
           [](SaveOptions& o, uintptr_t s) { o.device_stream = reinterpret_cast<void*>(s); },
@@ -263,6 +356,8 @@ void bind_core(py::module_& m) {
       .def(py::init([](py::kwargs kw) { return with_kwargs(CheckpointerOptions{}, kw); }))
       .def_readwrite("async_", &CheckpointerOptions::async)
       .def_readwrite("staging_bytes", &CheckpointerOptions::staging_bytes)
+      .def_readwrite("memory_bytes", &CheckpointerOptions::memory_bytes,
+                     "bound of the library's own memory per save/load (0: none; same on every rank)")
       .def_readwrite("direct_writes", &CheckpointerOptions::direct_writes)
       .def_readwrite("direct_io", &CheckpointerOptions::direct_io)
       .def_readwrite("max_piece_bytes", &CheckpointerOptions::max_piece_bytes)
@@ -273,7 +368,14 @@ void bind_core(py::module_& m) {
       .def_readwrite("metrics", &CheckpointerOptions::metrics)
       .def_readwrite("metrics_dir", &CheckpointerOptions::metrics_dir)
       .def_readwrite("keep_last", &CheckpointerOptions::keep_last)
-      .def_readwrite("keep_every", &CheckpointerOptions::keep_every);
+      .def_readwrite("keep_every", &CheckpointerOptions::keep_every)
+      .def_readwrite("local_dir", &CheckpointerOptions::local_dir,
+                     "node-local directory of multi-level saves ('{node}': the node's index); empty: off")
+      .def_readwrite("local_replicas", &CheckpointerOptions::local_replicas,
+                     "copies of each node's files on the next nodes")
+      .def_readwrite("persist_every", &CheckpointerOptions::persist_every,
+                     "every persist_every-th save (by step, else count) also goes to the shared level; 0: only persist=True")
+      .def_readwrite("local_keep", &CheckpointerOptions::local_keep, "local checkpoints each node keeps");
 
   // ---- reports ----
   py::class_<SaveReport>(m, "SaveReport", "Per-call figures of this rank for a save.")
@@ -289,6 +391,10 @@ void bind_core(py::module_& m) {
       .def_readonly("total_s", &SaveReport::total_s)
       .def_readonly("plan_cached", &SaveReport::plan_cached)
       .def_readonly("async_", &SaveReport::async)
+      .def_readonly("level", &SaveReport::level, "'local' (path is then the node-local directory) or 'shared'")
+      .def_readonly("persisted", &SaveReport::persisted, "local saves: the shared checkpoint also written, or ''")
+      .def_readonly("replicate_s", &SaveReport::replicate_s, "local saves: time on the partner copies")
+      .def_readonly("persist_s", &SaveReport::persist_s, "local saves: the shared-level write and commit")
       .def("to_dict", &save_report_dict)
       .def("__repr__", [](const SaveReport& r) { return dict_repr("SaveReport", save_report_dict(r)); });
   py::class_<LoadReport>(m, "LoadReport", "Per-call figures of this rank for a load.")
@@ -305,6 +411,15 @@ void bind_core(py::module_& m) {
       .def_readonly("transport", &LoadReport::transport)
       .def("to_dict", &load_report_dict)
       .def("__repr__", [](const LoadReport& r) { return dict_repr("LoadReport", load_report_dict(r)); });
+
+  py::class_<ResolvedCheckpoint>(m, "ResolvedCheckpoint", "Which checkpoint a load reads (Checkpointer.resolve).")
+      .def_readonly("info", &ResolvedCheckpoint::info,
+                    "its CheckpointInfo (for a local checkpoint: no data file, format_version 0)")
+      .def_readonly("level", &ResolvedCheckpoint::level, "'local' or 'shared'")
+      .def_readonly("reason", &ResolvedCheckpoint::reason, "which checkpoint and why")
+      .def("__repr__", [](const ResolvedCheckpoint& r) {
+        return "<h5ckpt.ResolvedCheckpoint " + r.level + " " + r.info.path + " step " + std::to_string(r.info.step) + ">";
+      });
 
   // ---- state dict ----
   py::class_<PyStateDict>(m, "StateDict",
@@ -334,6 +449,17 @@ void bind_core(py::module_& m) {
           },
           py::arg("key"), py::arg("data"), py::arg("global_shape") = py::none(), py::kw_only(),
           py::arg("dtype") = py::none(), "Adds a tensor this rank holds whole (replicated over the ranks that add it).")
+      .def(
+          "add_pieces",
+          [](PyStateDict& self, const std::string& key, py::handle dtype, py::handle global_shape, py::handle pieces,
+             py::handle data, py::handle device) { add_pieces_item(self, key, dtype, global_shape, pieces, data, device); },
+          py::arg("key"), py::arg("dtype"), py::arg("global_shape"), py::arg("pieces"), py::arg("data"), py::kw_only(),
+          py::arg("device") = py::none(),
+          "Adds several pieces of one tensor of `global_shape` that live in one buffer (a fused layout, e.g. a\n"
+          "SwiGLU fc1 shard [gate; up]). `pieces`: ShardPiece objects or (ShardSpec, buffer_offset_bytes) pairs;\n"
+          "each piece's elements, row-major, start at that byte offset of `data` (C-contiguous, any shape).\n"
+          "dtype: None for the buffer's own, or a name/DType for raw bits. Saved, loaded and resharded like\n"
+          "separate shards; problems surface in the next save or load.")
       .def(
           "add_bytes",
           [](PyStateDict& self, const std::string& key, py::handle data) {
@@ -374,6 +500,7 @@ void bind_core(py::module_& m) {
             d["shard"] = it->shard;
             d["device"] = it->device;
             d["allow_shape_mismatch"] = it->allow_shape_mismatch;
+            d["pieces"] = it->pieces;
             return d;
           },
           py::arg("key"), "The item's description as a dict (key, dtype, global_shape, shard, device, ...).")
@@ -392,35 +519,44 @@ void bind_core(py::module_& m) {
                          "go) before MPI finalizes; the package closes every live one at interpreter exit.")
       .def_static(
           "create",
-          [](py::object comm, int tp, int dp, int pp) {
+          [](py::object comm, int tp, int dp, int pp, int cp, int ep) {
             MPI_Comm c = comm_from_py(comm);
+            ParallelSizes sizes;
+            sizes.tp = tp, sizes.dp = dp, sizes.pp = pp, sizes.cp = cp, sizes.ep = ep;
             std::optional<Result<Topology>> r;
             {
               py::gil_scoped_release release;
-              r.emplace(Topology::create(c, ParallelSizes{tp, dp, pp}));
+              r.emplace(Topology::create(c, sizes));
             }
             auto t = std::make_unique<PyTopology>();
             t->topo = std::make_shared<Topology>(unwrap(std::move(*r)));
             return t;
           },
-          py::arg("comm") = py::none(), py::arg("tp") = 1, py::arg("dp") = 1, py::arg("pp") = 1,
-          "Megatron rank order over `comm` (an mpi4py communicator; default COMM_WORLD): TP fastest, then DP,\n"
-          "then PP. Collective.")
+          py::arg("comm") = py::none(), py::arg("tp") = 1, py::arg("dp") = 1, py::arg("pp") = 1, py::kw_only(),
+          py::arg("cp") = 1, py::arg("ep") = 1,
+          "Megatron rank order over `comm` (an mpi4py communicator; default COMM_WORLD): TP fastest, then CP,\n"
+          "then DP, then PP (world rank = tp + TP*(cp + CP*(dp + DP*pp))). The size is tp*cp*dp*pp; experts split\n"
+          "over ep (dividing dp*cp) inside each (tp, pp) position's DP x CP group. Collective.")
       .def_static(
           "from_comms",
-          [](py::object world, py::object tp, py::object dp, py::object pp) {
+          [](py::object world, py::object tp, py::object dp, py::object pp, py::object cp, py::object ep) {
             MPI_Comm w = comm_from_py(world), t = comm_from_py(tp), d = comm_from_py(dp), p = comm_from_py(pp);
+            const bool five = !cp.is_none() || !ep.is_none();
+            MPI_Comm c = cp.is_none() ? MPI_COMM_SELF : comm_from_py(cp);
+            MPI_Comm e = ep.is_none() ? MPI_COMM_SELF : comm_from_py(ep);
             std::optional<Result<Topology>> r;
             {
               py::gil_scoped_release release;
-              r.emplace(Topology::from_comms(w, t, d, p));
+              r.emplace(five ? Topology::from_comms(w, t, c, d, p, e) : Topology::from_comms(w, t, d, p));
             }
             auto out = std::make_unique<PyTopology>();
             out->topo = std::make_shared<Topology>(unwrap(std::move(*r)));
             return out;
           },
-          py::arg("world"), py::arg("tp"), py::arg("dp"), py::arg("pp"),
-          "From the caller's own TP/DP/PP communicators (mpi4py); each rank's rank in them gives its coords.")
+          py::arg("world"), py::arg("tp"), py::arg("dp"), py::arg("pp"), py::kw_only(), py::arg("cp") = py::none(),
+          py::arg("ep") = py::none(),
+          "From the caller's own TP/DP/PP communicators (mpi4py); each rank's rank in them gives its coords.\n"
+          "cp, ep: context- and expert-parallel communicators too (a missing one: COMM_SELF, size 1).")
       .def_property_readonly("rank", [](const PyTopology& t) { return t.get().rank(); })
       .def_property_readonly("size", [](const PyTopology& t) { return t.get().size(); })
       .def_property_readonly("sizes", [](const PyTopology& t) { return t.get().sizes(); })
@@ -431,6 +567,14 @@ void bind_core(py::module_& m) {
       .def("tp_comm", [](const PyTopology& t) { return comm_to_py(t.get().tp_comm()); })
       .def("dp_comm", [](const PyTopology& t) { return comm_to_py(t.get().dp_comm()); })
       .def("pp_comm", [](const PyTopology& t) { return comm_to_py(t.get().pp_comm()); })
+      .def("cp_comm", [](const PyTopology& t) { return comm_to_py(t.get().cp_comm()); },
+           "Context parallel: same (tp, dp, pp), ordered by cp.")
+      .def("dp_cp_comm", [](const PyTopology& t) { return comm_to_py(t.get().dp_cp_comm()); },
+           "Dense DP x CP group (same tp, pp), ordered by dp * CP + cp.")
+      .def("ep_comm", [](const PyTopology& t) { return comm_to_py(t.get().ep_comm()); },
+           "Expert parallel: same (tp, pp, edp), ordered by ep.")
+      .def("expert_dp_comm", [](const PyTopology& t) { return comm_to_py(t.get().expert_dp_comm()); },
+           "Expert data parallel: same (tp, pp, ep), ordered by edp.")
       .def_property_readonly("closed", [](const PyTopology& t) { return !t.topo; })
       .def("close", &PyTopology::close,
            "Frees the communicators (once no Checkpointer uses them). Not collective in practice, but call it on all ranks.")
@@ -440,9 +584,14 @@ void bind_core(py::module_& m) {
         if (!t.topo) return std::string("<h5ckpt.Topology (closed)>");
         auto s = t.topo->sizes();
         auto c = t.topo->coords();
+        const bool extra = s.cp != 1 || s.ep != 1;
         return "<h5ckpt.Topology tp=" + std::to_string(s.tp) + " dp=" + std::to_string(s.dp) + " pp=" + std::to_string(s.pp) +
-               " rank " + std::to_string(t.topo->rank()) + " at (tp " + std::to_string(c.tp) + ", dp " +
-               std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ")>";
+               (extra ? " cp=" + std::to_string(s.cp) + " ep=" + std::to_string(s.ep) : std::string()) + " rank " +
+               std::to_string(t.topo->rank()) + " at (tp " + std::to_string(c.tp) + ", dp " + std::to_string(c.dp) +
+               ", pp " + std::to_string(c.pp) +
+               (extra ? ", cp " + std::to_string(c.cp) + ", ep " + std::to_string(c.ep) + ", edp " + std::to_string(c.edp)
+                      : std::string()) +
+               ")>";
       });
 
   // ---- save handle ----
@@ -536,6 +685,20 @@ void bind_core(py::module_& m) {
           py::arg("state"), py::arg("path"), py::arg("options") = py::none(),
           "Fills the state's buffers from checkpoint `path` (or a directory's `latest`), whatever layout saved it.\n"
           "Keywords set LoadOptions fields.")
+      .def(
+          "resolve",
+          [](PyCheckpointer& pc, const std::string& path) {
+            Checkpointer& ck = pc.get();
+            std::optional<Result<ResolvedCheckpoint>> r;
+            {
+              py::gil_scoped_release release;
+              r.emplace(ck.resolve(path));
+            }
+            return unwrap(std::move(*r));
+          },
+          py::arg("path"),
+          "The checkpoint load(state, path) would read: a ResolvedCheckpoint (info, level 'local' or 'shared',\n"
+          "reason). With local_dir, the newest servable local one, else the newest shared one. Collective.")
       .def(
           "wait_pending",
           [](PyCheckpointer& pc) {

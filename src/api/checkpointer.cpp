@@ -51,6 +51,7 @@ struct Checkpointer::Impl {
     l.dir = storage::expand_local_dir(options.local_dir, nodes->my_node);
     l.name = std::filesystem::path(job.path).filename().string();
     l.persist = persist;
+    l.check_private = true;  // every save: two agreements, and a disk mounted late is caught too
     auto w = engine::plan_my_writes(comms().world.rank(), job, state, engine::local::kPersistPiece);
     if (w.ok()) {  // a failure shows in the local write first
       for (const auto& x : *w) l.my_bytes += x.bytes;

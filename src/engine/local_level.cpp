@@ -417,6 +417,34 @@ class ReplicaStream {
   Status st_;
 };
 
+// Each node's leader leaves a marker named after its node; one that sees another node's marker
+// shares the directory with that node (a shared file system without "{node}"), which is refused:
+// the nodes would write the same partial directory and claim each other's files. Collective.
+Status check_node_local(const std::string& dir, const NodeMap& nodes, bool leader, MPI_Comm world) {
+  auto marker = [&](int n) { return (fs::path(dir) / (".h5ckpt-node-" + std::to_string(n))).string(); };
+  Status st;
+  if (leader) {
+    const int fd = storage::io::open(marker(nodes.my_node), O_CREAT | O_WRONLY, 0644);
+    if (fd < 0) st = storage::io::error("open", marker(nodes.my_node), errno);
+    else storage::io::close(fd);
+  }
+  st = comm::agree(st, world);
+  Status shared;
+  if (st.ok() && leader) {
+    for (int n = 0; n < nodes.nodes() && shared.ok(); ++n) {
+      std::error_code ec;
+      if (n != nodes.my_node && fs::exists(marker(n), ec))
+        shared = Status(ErrorCode::kInvalidArgument,
+                        "local_dir '" + dir + "' is shared by nodes " + std::to_string(std::min(n, nodes.my_node)) +
+                            " and " + std::to_string(std::max(n, nodes.my_node)) +
+                            ": it must be node-local storage, or contain \"{node}\" to give each node its own");
+    }
+  }
+  Status both = comm::agree(st.ok() ? shared : st, world);  // everyone has looked before anyone removes
+  if (leader) (void)storage::io::unlink(marker(nodes.my_node));
+  return both;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const NodeMap>> make_node_map(const Topology::Impl& topo) {
@@ -487,6 +515,13 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
     std::error_code ec;
     fs::create_directories(local.dir, ec);
     if (ec) st = Status(ErrorCode::kIo, "cannot create '" + local.dir + "': " + ec.message());
+  }
+  if (local.check_private) {  // a directory that several nodes share would mix their files
+    if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+    st = check_node_local(local.dir, *local.nodes, leader, world);
+    if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+  }
+  if (leader) {
     if (st.ok()) st = storage::remove_tree(partial);
     if (st.ok()) st = storage::make_dir(partial);
   }

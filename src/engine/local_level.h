@@ -45,6 +45,7 @@ struct LocalSave {
   std::string name;  ///< the checkpoint's name (last component of the shared path)
   bool persist = false;
   uint64_t my_bytes = 0;  ///< bytes this rank's writes hold (what its partners receive)
+  bool check_private = true;  ///< check first that no two nodes share the local directory
   /// This rank's writes for the persist, in local-file order (pieces of at most kPersistPiece).
   std::vector<planner::WriteItem> persist_writes;
 };
