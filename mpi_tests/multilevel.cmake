@@ -12,7 +12,7 @@ if(TARGET h5ckpt-train)
   set_tests_properties(cluster_multilevel_levels PROPERTIES
     PROCESSORS 8 TIMEOUT 900 LABELS "mpi;e2e;trainer;cluster;local" SKIP_RETURN_CODE 77
     ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_ml_preflags};OMPI_MCA_rmaps_base_oversubscribe=1;E2E_TIMEOUT=300")
-  foreach(what levels kills)
+  foreach(what levels kills moe)
     add_test(NAME multilevel_${what}_split
       COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/e2e_multilevel.sh $<TARGET_FILE:h5ckpt-train> ${MPIEXEC_EXECUTABLE}
               ${CMAKE_CURRENT_BINARY_DIR}/e2e/multilevel_${what}_split ${what})

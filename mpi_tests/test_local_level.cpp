@@ -319,8 +319,8 @@ TEST(LocalManifest, RoundTripsAndRefusesDamage) {
   m.shared_path = "/x/ck/step-5";
   m.step = 5;
   m.library_version = "t";
-  m.sizes = {2, 1, 1};
-  m.coords = {{0, 0, 0}, {1, 0, 0}};
+  m.sizes = {2, 1, 1, 1, 1};
+  m.coords = {{0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}};
   m.node_of_rank = {0, 1};
   m.attributes = {{"a", "b"}};
   m.files = {{10, 0x1234}, {0, 0}};
@@ -334,6 +334,17 @@ TEST(LocalManifest, RoundTripsAndRefusesDamage) {
   EXPECT_EQ(back->files[0].xxh3, 0x1234u);
   EXPECT_EQ(back->plan, m.plan);
   EXPECT_EQ(back->node_of_rank, m.node_of_rank);
+  EXPECT_EQ(back->sizes.tp, 2);
+  // A CP job: world = tp * cp * dp * pp, coordinates with their cp, ep and edp.
+  storage::LocalManifest cpm = m;
+  cpm.sizes = {1, 1, 1, 2, 2};
+  cpm.coords = {{0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 0}};
+  auto cpback = storage::decode_local_manifest(storage::encode_local_manifest(cpm));
+  ASSERT_TRUE(cpback.ok()) << cpback.status().to_string();
+  EXPECT_EQ(cpback->sizes.cp, 2);
+  EXPECT_EQ(cpback->sizes.ep, 2);
+  EXPECT_EQ(cpback->coords[1].cp, 1);
+  EXPECT_EQ(cpback->coords[1].ep, 1);
   for (size_t at : {size_t{0}, size_t{20}, bytes.size() / 2, bytes.size() - 1}) {
     std::string bad = bytes;
     bad[at] = static_cast<char>(bad[at] ^ 1);

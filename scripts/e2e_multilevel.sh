@@ -10,8 +10,9 @@
 #
 # usage: e2e_multilevel.sh TRAIN_EXE MPIEXEC WORKDIR SCENARIOS
 #   SCENARIOS: "levels" (lost node -> partner copies; two lost partners -> shared level;
-#   another layout from the local level) or "kills" (kill -9 of a rank during a local save,
-#   while nodes commit, and during a persist).
+#   another layout from the local level), "kills" (kill -9 of a rank during a local save,
+#   while nodes commit, and during a persist) or "moe" (expert, context and fused layouts
+#   resumed from the local level under another layout and node count).
 # env: H5CKPT_MPIEXEC_PREFLAGS, E2E_TIMEOUT (seconds per run, default 200), E2E_NODES.
 # Exit 77 (skipped) when the simulated cluster cannot be hosted here.
 set -euo pipefail
@@ -146,6 +147,37 @@ kills)
   kill_case kill_in_local_commit local_commit 2 6 5 6  # some nodes renamed, some not
   kill_case kill_in_persist persist_write 5 1 4      # step 4: local committed, shared not
   ;;
-*) fail "unknown scenarios '$WHAT' (levels or kills)" ;;
+moe)
+  # Expert, context and fused-SwiGLU layouts through the local level, each resumed under another
+  # layout and node count (tiny model; reference: the same model uninterrupted on 2 ranks).
+  TINY=(--layers 2 --hidden 16 --heads 4 --kv-heads 2 --ffn 32 --vocab 37 --seed 7)
+  moe_case() {  # name flags(reference) save-shape save-flags resume-shape resume-flags
+    local name=$1 ref=$2 s_shape=$3 s_flags=$4 r_shape=$5 r_flags=$6
+    echo "== $name"
+    rm -rf "$WORK/chain" "$WORK/chain.ledger" "$WORK/ref" "$WORK/ref.ledger" "$DISKS"
+    mkdir -p "$DISKS"
+    # shellcheck disable=SC2086
+    "$MPIEXEC" -n 2 "${PRE[@]}" --timeout "$TIMEOUT" "$EXE" ${ref} "${TINY[@]}" --ckpt-dir "$WORK/ref" \
+      --ledger "$WORK/ref.ledger" --steps 4 --save-every 0 >/dev/null
+    # shellcheck disable=SC2086
+    on_cluster ${s_shape/x/ } "${TINY[@]}" ${s_flags} --ckpt-dir "$WORK/chain" --ledger "$WORK/chain.ledger" \
+      --steps 3 --save-every 1 --persist-every 4 >/dev/null || fail "$name: first run"
+    # shellcheck disable=SC2086
+    out=$(on_cluster ${r_shape/x/ } "${TINY[@]}" ${r_flags} --ckpt-dir "$WORK/chain" --ledger "$WORK/chain.ledger" \
+      --steps 4 --save-every 1 --persist-every 4) || fail "$name: resumed run"
+    echo "$out" | grep -E "resum" || true
+    grep -q "resuming from the local level" <<<"$out" || fail "$name: not resumed from the local level"
+    grep -q "resumed .* at step 3" <<<"$out" || fail "$name: did not resume at step 3"
+    one --compare "$WORK/chain/$(step 4)" "$WORK/ref/$(step 4)" || fail "$name: final checkpoints differ"
+    one --verify-ledger "$WORK/chain.ledger" --ckpt-dir "$WORK/chain" || fail "$name: exactly-once"
+    echo "== $name: bit-identical, every sample once"
+  }
+  MOE="--experts 4 --moe-every 2 --swiglu --zero"
+  moe_case "EP2.TP2 (2 nodes x 2) -> EP4.TP1 (4 nodes x 1), fused SwiGLU, ZeRO" "--tp 2 $MOE" \
+    2x2 "--tp 2 --dp 2 --ep 2 $MOE" 4x1 "--tp 1 --dp 4 --ep 4 $MOE"
+  moe_case "CP2.DP2 (2 nodes x 2) -> DP4 (2 nodes x 2), ZeRO" "--tp 2 --zero" \
+    2x2 "--cp 2 --dp 2 --zero" 2x2 "--dp 4 --zero"
+  ;;
+*) fail "unknown scenarios '$WHAT' (levels, kills or moe)" ;;
 esac
 echo "e2e-multilevel PASS: $WHAT"

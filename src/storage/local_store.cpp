@@ -66,9 +66,9 @@ std::string encode_local_manifest(const LocalManifest& m) {
   h["shared_path"] = m.shared_path;
   h["step"] = m.step;
   h["library_version"] = m.library_version;
-  h["sizes"] = {m.sizes.tp, m.sizes.dp, m.sizes.pp};
+  h["sizes"] = {m.sizes.tp, m.sizes.dp, m.sizes.pp, m.sizes.cp, m.sizes.ep};
   json coords = json::array(), files = json::array();
-  for (const auto& c : m.coords) coords.push_back({c.tp, c.dp, c.pp});
+  for (const auto& c : m.coords) coords.push_back({c.tp, c.dp, c.pp, c.cp, c.ep, c.edp});
   for (const auto& f : m.files) files.push_back({f.bytes, hex64(f.xxh3)});
   h["coords"] = std::move(coords);
   h["node_of_rank"] = m.node_of_rank;
@@ -105,14 +105,15 @@ Result<LocalManifest> decode_local_manifest(const std::string& bytes) {
     m.library_version = h.at("library_version").get<std::string>();
     if (!json_int(h.at("step"), &m.step)) return corrupt("step is not an integer");
     const json& s = h.at("sizes");
-    if (!s.is_array() || s.size() != 3 || !json_int(s[0], &m.sizes.tp) || !json_int(s[1], &m.sizes.dp) ||
-        !json_int(s[2], &m.sizes.pp))
-      return corrupt("sizes must be [tp, dp, pp]");
+    if (!s.is_array() || s.size() != 5 || !json_int(s[0], &m.sizes.tp) || !json_int(s[1], &m.sizes.dp) ||
+        !json_int(s[2], &m.sizes.pp) || !json_int(s[3], &m.sizes.cp) || !json_int(s[4], &m.sizes.ep) ||
+        m.sizes.tp < 1 || m.sizes.dp < 1 || m.sizes.pp < 1 || m.sizes.cp < 1 || m.sizes.ep < 1)
+      return corrupt("sizes must be [tp, dp, pp, cp, ep], each at least 1");
     for (const auto& c : h.at("coords")) {
       RankCoords rc;
-      if (!c.is_array() || c.size() != 3 || !json_int(c[0], &rc.tp) || !json_int(c[1], &rc.dp) ||
-          !json_int(c[2], &rc.pp))
-        return corrupt("coords must be [tp, dp, pp] triples");
+      if (!c.is_array() || c.size() != 6 || !json_int(c[0], &rc.tp) || !json_int(c[1], &rc.dp) ||
+          !json_int(c[2], &rc.pp) || !json_int(c[3], &rc.cp) || !json_int(c[4], &rc.ep) || !json_int(c[5], &rc.edp))
+        return corrupt("coords must be [tp, dp, pp, cp, ep, edp]");
       m.coords.push_back(rc);
     }
     for (const auto& v : h.at("node_of_rank")) {
@@ -135,8 +136,8 @@ Result<LocalManifest> decode_local_manifest(const std::string& bytes) {
   }
   const size_t world = m.files.size();
   if (world == 0 || m.coords.size() != world || m.node_of_rank.size() != world ||
-      static_cast<int64_t>(world) != static_cast<int64_t>(m.sizes.tp) * m.sizes.dp * m.sizes.pp)
-    return corrupt("files, coords, node_of_rank and tp*dp*pp disagree on the number of ranks");
+      static_cast<int64_t>(world) != static_cast<int64_t>(m.sizes.tp) * m.sizes.dp * m.sizes.pp * m.sizes.cp)
+    return corrupt("files, coords, node_of_rank and tp*cp*dp*pp disagree on the number of ranks");
   m.plan = bytes.substr(kMagicLen + 8 + n, bytes.size() - kMagicLen - 16 - n);
   return m;
 }
