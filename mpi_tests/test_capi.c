@@ -410,6 +410,66 @@ static void options_round_trip(const char* root) {
   free(y);
 }
 
+/* Node-local checkpoints through the C API: a local save (the shared level untouched), one with
+ * persist, resolve naming the local level, and a load delivering every element. */
+static void local_level_round_trip(const char* root) {
+  enum { N = 96 };
+  h5ckpt_checkpointer_options_t co;
+  h5ckpt_checkpointer_options_init(&co);
+  CHECK(co.local_dir == NULL && co.local_replicas == 1 && co.persist_every == 0 && co.local_keep == 2,
+        "local-level defaults");
+  char local[4300], shared[4300], step1[4400], step2[4400], probe[4600];
+  snprintf(local, sizeof local, "%s/local-node{node}", root);
+  snprintf(shared, sizeof shared, "%s/local-run", root);
+  snprintf(step1, sizeof step1, "%s/step-1", shared);
+  snprintf(step2, sizeof step2, "%s/step-2", shared);
+  if (g_rank == 0) mkdir(shared, 0755);
+  MPI_Barrier(MPI_COMM_WORLD);
+  co.local_dir = local;
+  h5ckpt_topology_t* topo = NULL;
+  h5ckpt_checkpointer_t* ck = NULL;
+  OK(h5ckpt_topology_create(MPI_COMM_WORLD, 1, g_size, 1, &topo));
+  OK(h5ckpt_checkpointer_create_with_options(topo, &co, &ck));
+  float* x = malloc(sizeof(float) * N);
+  const int64_t shape[1] = {N};
+  h5ckpt_state_t* st = NULL;
+  OK(h5ckpt_state_create(&st));
+  OK(h5ckpt_state_add_replicated(st, "model/x", H5CKPT_F32, 1, shape, x));
+  h5ckpt_save_options_t so;
+  h5ckpt_save_options_init(&so);
+  CHECK(so.persist == 0, "persist default");
+  for (int step = 1; step <= 2; ++step) {
+    for (int i = 0; i < N; ++i) x[i] = (float)(i * 3 + step);
+    so.step = step;
+    so.persist = step == 1;
+    OK(h5ckpt_save(ck, st, step == 1 ? step1 : step2, &so));
+  }
+  struct stat sb;
+  CHECK(stat(step1, &sb) == 0, "step 1 was persisted to %s", step1);
+  CHECK(stat(step2, &sb) != 0, "step 2 stayed local");
+  snprintf(probe, sizeof probe, "%s/local-node0/step-2/rank-%d.bin", root, g_rank);
+  CHECK(stat(probe, &sb) == 0, "local file %s", probe);
+  h5ckpt_info_t* info = NULL;
+  int is_local = -1;
+  OK(h5ckpt_checkpointer_resolve(ck, shared, &info, &is_local));
+  CHECK(is_local == 1 && info && h5ckpt_info_step(info) == 2, "resolve -> local step 2 (%d, %lld)", is_local,
+        info ? (long long)h5ckpt_info_step(info) : -1LL);
+  h5ckpt_info_free(info);
+  for (int i = 0; i < N; ++i) x[i] = -1.0f;
+  OK(h5ckpt_load(ck, st, shared, 1));
+  int differ = 0;
+  for (int i = 0; i < N; ++i) differ += x[i] != (float)(i * 3 + 2);
+  CHECK(differ == 0, "local load delivers every element (%d differ)", differ);
+  co.local_keep = -1;
+  h5ckpt_checkpointer_t* bad = NULL;
+  const int rc = h5ckpt_checkpointer_create_with_options(topo, &co, &bad);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT && bad == NULL, "local_keep -1 refused -> %d", rc);
+  h5ckpt_state_free(st);
+  h5ckpt_checkpointer_free(ck);
+  h5ckpt_topology_free(topo);
+  free(x);
+}
+
 static void check_argument_errors(void) {
   h5ckpt_state_t* st = NULL;
   OK(h5ckpt_state_create(&st));
@@ -529,6 +589,7 @@ int main(int argc, char** argv) {
   pieces_round_trip(ckpt, pieces_ckpt);
   check_info(ckpt, root);
   options_round_trip(root);
+  local_level_round_trip(root);
 
   int total = 0;
   MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

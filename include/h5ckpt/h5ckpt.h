@@ -142,6 +142,12 @@ typedef struct h5ckpt_checkpointer_options {
   int64_t keep_every;     /* with keep_last: also keep steps that are multiples of K (default 0) */
   int io_threads;         /* threads reading from storage during a load (default 1) */
   uint64_t memory_bytes;  /* bound of the library's buffers in a save or load (0: none; else >= 1 KiB) */
+  /* Node-local checkpoints (docs/user-guide.md §13). local_dir: a node-local directory ("{node}":
+   * the node's index), copied by the create call; NULL or "" (default): off. */
+  const char* local_dir;
+  int local_replicas;    /* copies of each node's files on the next nodes (default 1) */
+  int64_t persist_every; /* steps that are multiples of K also go to the shared level (default 0: when asked) */
+  int64_t local_keep;    /* local checkpoints each node keeps (default 2) */
 } h5ckpt_checkpointer_options_t;
 
 /* Fills `options` with the defaults above. */
@@ -163,6 +169,7 @@ typedef struct h5ckpt_save_options {
   /* Device buffers: the cudaStream_t after whose queued work the state is final (the snapshot
    * waits for it on the device). NULL (default): the device is synchronized first. */
   void* device_stream;
+  int persist; /* with a local_dir: also write this save to the shared level (default 0) */
 } h5ckpt_save_options_t;
 
 /* Fills `options` with the defaults above. */
@@ -202,6 +209,13 @@ H5CKPT_API void h5ckpt_load_options_init(h5ckpt_load_options_t* options);
 /* h5ckpt_load with all options (`options` may be NULL: defaults). Collective. */
 H5CKPT_API int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path,
                                         const h5ckpt_load_options_t* options);
+
+/* The checkpoint a load of `path` reads and its metadata: with a local_dir the newest one that can
+ * be served, node-local (*is_local = 1) or shared (0); without, the one at `path`. `*info` is freed
+ * with h5ckpt_info_free; `is_local` may be NULL. The reason for the choice is in the library log.
+ * Collective. */
+H5CKPT_API int h5ckpt_checkpointer_resolve(h5ckpt_checkpointer_t* ck, const char* path, h5ckpt_info_t** info,
+                                          int* is_local);
 
 /* ---- checkpoint metadata (no MPI needed) ---------------------------------------------------- */
 

@@ -90,6 +90,7 @@ h5ckpt::SaveOptions save_options(const h5ckpt_save_options_t* o) {
     s.update_latest = o->update_latest != 0;
     s.step = o->step;
     s.device_stream = o->device_stream;
+    s.persist = o->persist != 0;
   }
   return s;
 }
@@ -255,6 +256,10 @@ void h5ckpt_checkpointer_options_init(h5ckpt_checkpointer_options_t* options) {
   options->keep_every = d.keep_every;
   options->io_threads = d.io_threads;
   options->memory_bytes = d.memory_bytes;
+  options->local_dir = nullptr;
+  options->local_replicas = d.local_replicas;
+  options->persist_every = d.persist_every;
+  options->local_keep = d.local_keep;
 }
 
 int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
@@ -267,17 +272,36 @@ int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
     if (!topo) return fail(ErrorCode::kInvalidArgument, std::string(where) + "topology is NULL");
     h5ckpt::CheckpointerOptions o;
     if (options) {
-      if (!(options->timeout_s >= 0) || options->keep_last < 0 || options->keep_every < 0 || options->io_threads < 1)
+      if (!(options->timeout_s >= 0) || options->keep_last < 0 || options->keep_every < 0 || options->io_threads < 1 ||
+          options->local_replicas < 0 || options->persist_every < 0 || options->local_keep < 0)
         return fail(ErrorCode::kInvalidArgument,
-                    std::string(where) + "timeout_s, keep_last and keep_every must be >= 0 and io_threads >= 1");
+                    std::string(where) + "timeout_s, keep_last, keep_every, local_replicas, persist_every and "
+                                         "local_keep must be >= 0 and io_threads >= 1");
       o.staging_bytes = options->staging_bytes;
       o.timeout_s = options->timeout_s;
       o.keep_last = options->keep_last;
       o.keep_every = options->keep_every;
       o.io_threads = options->io_threads;
       o.memory_bytes = options->memory_bytes;
+      o.local_dir = options->local_dir ? options->local_dir : "";
+      o.local_replicas = options->local_replicas;
+      o.persist_every = options->persist_every;
+      o.local_keep = options->local_keep;
     }
     *out = new h5ckpt_checkpointer(topo->topo, o);
+    return kOk;
+  });
+}
+
+int h5ckpt_checkpointer_resolve(h5ckpt_checkpointer_t* ck, const char* path, h5ckpt_info_t** info, int* is_local) {
+  return guarded("h5ckpt_checkpointer_resolve", [&] {
+    if (!info) return fail(ErrorCode::kInvalidArgument, "h5ckpt_checkpointer_resolve: info is NULL");
+    *info = nullptr;
+    if (!ck || !path) return fail(ErrorCode::kInvalidArgument, "h5ckpt_checkpointer_resolve: checkpointer or path is NULL");
+    auto r = ck->ck.resolve(path);
+    if (!r.ok()) return fail(r.status());
+    if (is_local) *is_local = r->level == "local" ? 1 : 0;
+    *info = new h5ckpt_info{std::move(r->info)};
     return kOk;
   });
 }
@@ -301,6 +325,7 @@ void h5ckpt_save_options_init(h5ckpt_save_options_t* options) {
   options->update_latest = d.update_latest;
   options->step = d.step;
   options->device_stream = d.device_stream;
+  options->persist = d.persist ? 1 : 0;
 }
 
 int h5ckpt_save(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,
