@@ -166,7 +166,9 @@ int load_mode(const std::string& dir, int saved_ranks) {
   state.add_replicated("extra/step", DType::kI64, {1}, &step);
   int64_t bad = 0;
   {
-    Checkpointer ck(*topo);
+    auto cfg = resolve_config();  // H5CKPT_LOCAL_DIR: the newest servable level, else the shared one
+    if (!cfg.ok()) return 2;
+    Checkpointer ck(*topo, cfg->checkpointer);
     auto r = ck.load(state, dir);
     if (!r.ok()) {
       std::fprintf(stderr, "rank %d: load failed: %s\n", rank, r.status().to_string().c_str());

@@ -45,3 +45,16 @@ foreach(async 0 1)
   set_tests_properties(${name} PROPERTIES PROCESSORS 4 TIMEOUT 240 LABELS "mpi;timeout"
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
 endforeach()
+
+# The same with node-local checkpoints persisted every save (2 simulated nodes of 2 ranks, one
+# partner copy): the stop lands in a local write, a partner copy or a persist; the job must end by
+# itself, `latest` must verify, and a load through the local level must find a complete checkpoint.
+foreach(async 0 1)
+  set(name test_timeouts_sigstop_local_async${async}_np4)
+  add_test(NAME ${name}
+    COMMAND ${_timeouts_dir}/sigstop_save.sh $<TARGET_FILE:timeout_probe> $<TARGET_FILE:h5ckpt-cli>
+            ${CMAKE_CURRENT_BINARY_DIR}/sigstop_local_async${async} 4 1 ${async}
+            ${MPIEXEC_EXECUTABLE} ${H5CKPT_MPIEXEC_PREFLAGS})
+  set_tests_properties(${name} PROPERTIES PROCESSORS 4 TIMEOUT 240 LABELS "mpi;timeout;local"
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;H5CKPT_RANKS_PER_NODE=2;H5CKPT_PERSIST_EVERY=1;H5CKPT_LOCAL_DIR=${CMAKE_CURRENT_BINARY_DIR}/sigstop_local_disks${async}/node{node};SIGSTOP_PHASE_RE=save(_async|_local)?/[a-z_]+")
+endforeach()

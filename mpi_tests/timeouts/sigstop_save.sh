@@ -3,6 +3,8 @@
 # timeout + 10 s with the timeout message, and that the checkpoint `latest` names is complete:
 # `h5ckpt verify` passes and a load on 2 ranks finds every value.
 #   sigstop_save.sh PROBE CLI WORKDIR NP STOP_RANK ASYNC(0|1) MPIEXEC [MPIEXEC_FLAGS...]
+# env: SIGSTOP_PHASE_RE, the phases the timeout message may name (default: a save's); H5CKPT_*
+# settings reach the job and the load (e.g. a local level: the load then reads the newest level).
 set -u
 probe=$1 cli=$2 work=$3 np=$4 stop_rank=$5 async=$6 mpiexec=$7
 shift 7
@@ -86,7 +88,7 @@ if ((took_ms > limit * 1000)); then
   echo "FAIL: the job took longer than timeout + 10 s = ${limit} s to end"
   fail=1
 fi
-if ! grep -Eq "timeout in save(_async)?/[a-z]+: .*timeout_s=$timeout_s" "$log"; then
+if ! grep -Eq "timeout in ${SIGSTOP_PHASE_RE:-save(_async)?/[a-z]+}: .*timeout_s=$timeout_s" "$log"; then
   echo "FAIL: no timeout message naming the save phase"
   fail=1
 fi
