@@ -158,6 +158,21 @@ TEST_F(LocalLevel, LostNodeIsServedFromItsPartnerCopy) {
   expect_loads(ck, layout_a(), shared, 6);
 }
 
+TEST_F(LocalLevel, FilesLostAfterResolveFailTheLoadEverywhereThenResolveAgain) {
+  if (node_count() < 2) GTEST_SKIP() << "one node: no partner copies";
+  Topology t = topology(layout_a());
+  Checkpointer ck(t, opts);
+  ASSERT_TRUE(save(ck, layout_a(), 3).ok());
+  auto res = ck.resolve(shared);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  lose_node(node_count() - 1);  // after the answer: its servers' files are gone
+  Saved s(layout_a(), false, -1);
+  auto rep = ck.load(s.state(), shared);  // uses the answer: a clear error on every rank, no hang
+  ASSERT_FALSE(rep.ok());
+  EXPECT_NE(rep.status().to_string().find("rank-"), std::string::npos) << rep.status().to_string();
+  expect_loads(ck, layout_a(), shared, 3);  // resolves again: the partner copies serve
+}
+
 TEST_F(LocalLevel, CorruptFileIsServedFromAnotherCopy) {
   if (node_count() < 2) GTEST_SKIP() << "one node: no partner copies";
   Topology t = topology(layout_a());

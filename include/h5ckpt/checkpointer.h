@@ -232,7 +232,8 @@ class H5CKPT_API Checkpointer {
   /// The checkpoint load(state, path) would read and its metadata: without local_dir the one at
   /// `path` (following `latest`); with it, the newest checkpoint standing for `path` that can be
   /// served: a local one when every rank's bytes are intact on some node (original or partner
-  /// copy), else the newest shared one. A load of the same path right after uses this answer.
+  /// copy), else the newest shared one. The next load of the same path uses this answer (once;
+  /// later loads resolve again).
   /// Collective over the topology's world; every rank returns the same.
   Result<ResolvedCheckpoint> resolve(const std::string& path);
 

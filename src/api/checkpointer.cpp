@@ -175,9 +175,11 @@ Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path,
   H5CKPT_RETURN_IF_ERROR(engine::check_memory_bytes(impl_->options.memory_bytes).with_context("load '" + path + "'"));
   wait_pending();
   if (impl_->local()) {
-    // Every rank has the same cached answer (or none): resolve() and saves are collective.
+    // The answer of a resolve() of this path right before, else a fresh one; used once, so a later
+    // load sees the nodes' storage as it is then. Every rank has the same (resolve is collective).
     if (!impl_->resolved || impl_->resolved_for != path) H5CKPT_RETURN_IF_ERROR(resolve(path).status());
-    const engine::local::Resolution& res = *impl_->resolved;
+    const engine::local::Resolution res = std::move(*impl_->resolved);
+    impl_->resolved.reset();
     if (res.local) return engine::local::load_local(impl_->comms(), state, res, options);
     return engine::load(impl_->comms(), state, res.info.path, options, impl_->options, impl_->load_cache, impl_->pool,
                         impl_->device_link);

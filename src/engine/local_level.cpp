@@ -1009,24 +1009,26 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   };
   std::vector<std::vector<char>> packs(size);
   st = Status::Ok();
-  for (int q = 0; q < size && st.ok(); ++q) {
+  // Every request is packed to its full size even after a failure (a missing or unreadable file):
+  // the requesters wait for exactly those bytes, and the agreement below fails the load.
+  bool malformed = false;
+  for (int q = 0; q < size && !malformed; ++q) {
     const std::string part = recvbuf.substr(static_cast<size_t>(rdispl[q]), static_cast<size_t>(recv_counts[q]));
     Reader r{part};
-    while (st.ok() && r.at < part.size()) {
+    while (r.at < part.size()) {
       const uint64_t t = r.u64(), g = r.u64();
       const ShardSpec want = get_shard(r);
-      if (!r.ok || t >= res.tensors.size() || g >= res.tensors[t].regions.size()) {
+      if (!r.ok || t >= res.tensors.size() || g >= res.tensors[t].regions.size() ||
+          res.server.at(static_cast<size_t>(res.tensors[t].regions[g].writer)) != me) {
+        // A bug: the sizes the requester expects are unknown here, so its wait ends at the deadline.
         st = Status(ErrorCode::kInternal, "malformed local-level request from rank " + std::to_string(q));
+        malformed = true;
         break;
       }
       const planner::TensorPlan& tp = res.tensors[t];
       const planner::PlannedRegion& region = tp.regions[g];
-      if (res.server.at(static_cast<size_t>(region.writer)) != me) {
-        st = Status(ErrorCode::kInternal, "rank " + std::to_string(q) + " asked the wrong server");
-        break;
-      }
       int fd = -1;
-      st = file_of(region.writer, &fd);
+      if (st.ok()) st = file_of(region.writer, &fd);
       const uint64_t esize = dtype_size(tp.dtype), base = offsets[t][g];
       const std::string fname = storage::local_rank_file(region.writer);
       std::vector<char>& out = packs[q];
@@ -1037,7 +1039,6 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
           st = read_all(fd, out.data() + at, static_cast<uint64_t>(n) * esize, base + static_cast<uint64_t>(src) * esize,
                         fname);
       });
-      report.bytes_read += 0;  // counted below, per pack
     }
   }
   for (auto& [w, fd] : fds) storage::io::close(fd);
