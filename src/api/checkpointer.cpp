@@ -162,7 +162,7 @@ Result<ResolvedCheckpoint> Checkpointer::resolve(const std::string& path) {
     return out;
   }
   H5CKPT_RETURN_IF_ERROR(impl_->ensure_nodes());
-  H5CKPT_ASSIGN_OR_RETURN(auto res, engine::local::resolve(impl_->comms(), path, impl_->options, *impl_->nodes));
+  H5CKPT_ASSIGN_OR_RETURN(auto res, engine::local::resolve(impl_->comms(), path, impl_->options, *impl_->nodes, true));
   out.info = res.info;
   out.level = res.local ? "local" : "shared";
   out.reason = res.reason;
@@ -177,7 +177,12 @@ Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path,
   if (impl_->local()) {
     // The answer of a resolve() of this path right before, else a fresh one; used once, so a later
     // load sees the nodes' storage as it is then. Every rank has the same (resolve is collective).
-    if (!impl_->resolved || impl_->resolved_for != path) H5CKPT_RETURN_IF_ERROR(resolve(path).status());
+    if (!impl_->resolved || impl_->resolved_for != path) {
+      H5CKPT_RETURN_IF_ERROR(impl_->ensure_nodes());
+      H5CKPT_ASSIGN_OR_RETURN(auto fresh,
+                              engine::local::resolve(impl_->comms(), path, impl_->options, *impl_->nodes, false));
+      impl_->resolved = std::move(fresh);
+    }
     const engine::local::Resolution res = std::move(*impl_->resolved);
     impl_->resolved.reset();
     if (res.local) return engine::local::load_local(impl_->comms(), state, res, options);

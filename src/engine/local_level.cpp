@@ -722,7 +722,7 @@ std::string missing_pieces(const Candidate& c, const std::set<std::pair<int, int
 }  // namespace
 
 Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, const CheckpointerOptions& copts,
-                           const NodeMap& nodes) {
+                           const NodeMap& nodes, bool with_info) {
   PhaseScope scope("load", "resolve_levels");
   const MPI_Comm world = topo.world.get();
   const int me = topo.world.rank();
@@ -739,15 +739,18 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
   H5CKPT_ASSIGN_OR_RETURN(auto lists, topo.gather(listing));
 
   std::map<std::pair<std::string, uint64_t>, Candidate> cands;
+  // The shared level, read once by the coordinator: its step for the choice, its directory (after
+  // `latest`) for the load, or why there is none.
+  Result<CheckpointInfo> shared = Status(ErrorCode::kNotFound, "not read");
   int64_t shared_step = -1;
   std::string shared_problem;
   Status st;
   if (coordinator) {
     for (size_t r = 0; r < lists.size() && st.ok(); ++r)
       if (!lists[r].empty()) st = decode_listing(lists[r], nodes.node_of[r], cands);
-    auto info = read_checkpoint_info(path);
-    if (info.ok()) shared_step = info->step;
-    else shared_problem = info.status().message();
+    shared = read_checkpoint_info(path);
+    if (shared.ok()) shared_step = shared->step;
+    else shared_problem = shared.status().message();
   }
   std::set<std::pair<int, int>> bad;  // (node, saved rank) whose file failed its check
   for (int round = 0; round < 4; ++round) {
@@ -812,9 +815,11 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
         if (!why.empty()) reason += ": " + why;
         else if (order.empty()) reason += ": no local checkpoint for it on any node";
         else reason += ": it is at least as new as every local checkpoint";
-        w.u64(0), w.str(reason);
+        metrics::log().info("load of '{}' reads the {}", path, reason);
+        w.u64(0), w.str(reason), w.str(shared.ok() ? shared->path : std::string());
+        if (!shared.ok()) choice = shared.status().with_context(reason);  // every rank returns it
       }
-      choice = w.out;
+      if (choice.ok()) choice = w.out;
     }
     if (!st.ok()) choice = st;
     H5CKPT_ASSIGN_OR_RETURN(std::string msg, bcast_outcome(choice, topo));
@@ -823,15 +828,9 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
     res.local = r.u64() != 0;
     res.reason = r.str();
     if (!res.local) {
-      if (coordinator) metrics::log().info("load of '{}' reads the {}", path, res.reason);
-      // The shared level: the ordinary load resolves it (and its metadata) itself.
-      Result<std::string> info_path = std::string();
-      if (coordinator) {
-        auto resolved = storage::resolve_checkpoint_dir(path);
-        info_path = resolved.ok() ? Result<std::string>(*resolved) : Result<std::string>(resolved.status());
-      }
-      H5CKPT_ASSIGN_OR_RETURN(std::string p, bcast_outcome(info_path, topo));
-      auto info = read_checkpoint_info(p);  // every rank, as the trainer needs it
+      res.info.path = r.str();  // the shared checkpoint the ordinary load then reads
+      if (!with_info) return res;
+      auto info = read_checkpoint_info(res.info.path);  // every rank: the caller builds its state from it
       if (!info.ok()) return info.status().with_context(res.reason);
       res.info = std::move(info).value();
       return res;

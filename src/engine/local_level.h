@@ -77,9 +77,11 @@ struct Resolution {
 
 /// Collective over topo.world: the newest servable local checkpoint standing for `path` (the
 /// files it serves checked against the manifest) if it is at least as new as the newest shared
-/// one at `path`; else the shared one (info read by the coordinator and broadcast).
+/// one at `path`; else the shared one, whose metadata the coordinator reads once. With
+/// `with_info` every rank then reads the shared checkpoint's metadata too (for the caller's
+/// state); without, only its directory is set (a load reads the metadata itself).
 Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, const CheckpointerOptions& copts,
-                           const NodeMap& nodes);
+                           const NodeMap& nodes, bool with_info);
 
 /// Loads `state` from a local resolution: every rank asks the servers of the regions it overlaps
 /// for exactly the elements it wants, and they read them from their local files. Collective.
