@@ -19,53 +19,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "device/staging.h"
 #include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
 
 using namespace h5ckpt;
+using namespace h5ckpt::bench;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
 int g_rank = 0, g_size = 1;
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double max_all(double v) {
-  double m = 0;
-  MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
-}
-uint64_t sum_all(uint64_t v) {
-  uint64_t s = 0;
-  MPI_Allreduce(&v, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return s;
-}
-
-// Times `fn` between two barriers; the slowest rank's time is the job's time.
-double timed(const std::function<void()>& fn) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double t0 = now_s();
-  fn();
-  const double dt = now_s() - t0;
-  MPI_Barrier(MPI_COMM_WORLD);
-  return max_all(dt);
-}
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "h5ckpt-bench (rank %d): %s\n", g_rank, msg.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
-}
-
-template <class T>
-T check(Result<T> r, const char* what) {
-  if (!r.ok()) die(std::string(what) + ": " + r.status().to_string());
-  return std::move(r).value();
-}
 
 void write_all(int fd, const char* p, size_t n) {
   while (n) {
@@ -159,13 +126,6 @@ struct PhaseMemory {
   }
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // Device copies of every buffer of a state, and a StateDict over them (--device).
 class DeviceState {
  public:
@@ -234,6 +194,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  set_tool("h5ckpt-bench");
 
   CLI::App app{"h5ckpt-bench: h5ckpt save/load against raw write/read and memcpy floors, one run"};
   Layout save_l, load_l;

@@ -23,47 +23,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "comm/topology_impl.h"
 #include "engine/local_level.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
 
 using namespace h5ckpt;
+using namespace h5ckpt::bench;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
 int g_rank = 0, g_size = 1;
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double max_all(double v) {
-  double m = 0;
-  MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
-}
-
-double timed(const std::function<void()>& fn) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double t0 = now_s();
-  fn();
-  const double dt = now_s() - t0;
-  MPI_Barrier(MPI_COMM_WORLD);
-  return max_all(dt);
-}
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "h5ckpt-multilevel (rank %d): %s\n", g_rank, msg.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
-}
-
-template <class T>
-T check(Result<T> r, const std::string& what) {
-  if (!r.ok()) die(what + ": " + r.status().to_string());
-  return std::move(r).value();
-}
 
 void write_file(const std::string& path, const char* data, uint64_t n) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -77,11 +50,6 @@ void write_file(const std::string& path, const char* data, uint64_t n) {
   ::close(fd);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,6 +57,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  set_tool("h5ckpt-multilevel");
   CLI::App app{"h5ckpt-multilevel: local saves and partner-copy recovery against their floors, one run"};
   workload::ModelConfig model;
   int tp = 1, repeats = 3;

@@ -14,29 +14,19 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "comm/comm.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
 
 using namespace h5ckpt;
+using namespace h5ckpt::bench;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
 int g_rank = 0, g_size = 1;
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "h5ckpt-traffic (rank %d): %s\n", g_rank, msg.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
-}
-
-template <typename T>
-T check(Result<T> r, const std::string& what) {
-  if (!r.ok()) die(what + ": " + r.status().to_string());
-  return std::move(r).value();
-}
 
 struct Received {
   unsigned long long coordinator_messages = 0, coordinator_bytes = 0;  // received by the coordinator
@@ -88,6 +78,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  set_tool("h5ckpt-traffic");
 
   CLI::App app{"h5ckpt-traffic: messages and bytes the coordinator receives per save and load"};
   int tp = 1, pp = 1, dp = 0, load_tp = 0, load_pp = 0, load_dp = 0, saves = 2;
