@@ -19,6 +19,7 @@
 #include "planner/box_math.h"
 #include "storage/commit.h"
 #include "storage/posix_io.h"
+#include "util/bytes.h"
 #include "util/dtype_convert.h"
 #include "util/phase.h"
 
@@ -112,57 +113,6 @@ void post_chunks(bool send, char* p, uint64_t n, int peer, int tag, MPI_Comm com
     if (rc != MPI_SUCCESS) st = comm::mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv");
     else reqs.push_back(r);
   }
-}
-
-// ---- encoding of small messages -------------------------------------------------------------
-
-struct Writer {
-  std::string out;
-  void u64(uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
-  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
-  void str(const std::string& s) {
-    u64(s.size());
-    out += s;
-  }
-};
-struct Reader {
-  const std::string& in;
-  size_t at = 0;
-  bool ok = true;
-  uint64_t u64() {
-    if (in.size() - at < 8) return ok = false, 0;
-    uint64_t v;
-    std::memcpy(&v, in.data() + at, 8);
-    at += 8;
-    return v;
-  }
-  int64_t i64() { return static_cast<int64_t>(u64()); }
-  std::string str() {
-    const uint64_t n = u64();
-    if (!ok || in.size() - at < n) return ok = false, std::string();
-    std::string s = in.substr(at, n);
-    at += n;
-    return s;
-  }
-  bool done() const { return ok && at == in.size(); }
-};
-
-void put_shard(Writer& w, const ShardSpec& s) {
-  w.u64(s.box.offset.size());
-  for (size_t d = 0; d < s.box.offset.size(); ++d) w.i64(s.box.offset[d]), w.i64(s.box.shape[d]);
-  w.u64(s.flat ? 1 : 0);
-  if (s.flat) w.i64(s.flat->first), w.i64(s.flat->second);
-}
-ShardSpec get_shard(Reader& r) {
-  ShardSpec s;
-  const uint64_t nd = r.u64();
-  if (!r.ok || nd > 64) return r.ok = false, s;
-  for (uint64_t d = 0; d < nd; ++d) s.box.offset.push_back(r.i64()), s.box.shape.push_back(r.i64());
-  if (r.u64()) {
-    const int64_t begin = r.i64();  // two statements: argument evaluation order is unspecified
-    s.flat = std::make_pair(begin, r.i64());
-  }
-  return s;
 }
 
 // ---- element runs between a saved region and a wanted shard ---------------------------------
@@ -566,9 +516,9 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
   if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
 
   // 3. The manifest: sizes and checksums to the coordinator, the whole manifest to everyone.
-  Writer w;
-  w.u64(file.bytes), w.u64(file.xxh3);
-  auto gathered = comms.gather(w.out);
+  ByteWriter w;
+  w.put<uint64_t>(file.bytes), w.put<uint64_t>(file.xxh3);
+  auto gathered = comms.gather(w.str());
   if (!gathered.ok()) return fail(gathered.status());
   Result<std::string> manifest_bytes = std::string();
   if (coordinator) {
@@ -583,9 +533,9 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
     m.attributes = job.attributes;
     m.plan = wire::encode_tensors(*job.plan);
     for (const std::string& g : *gathered) {
-      Reader r{g};
-      storage::LocalRankFile f{r.u64(), r.u64()};
-      if (!r.done()) manifest_bytes = Status(ErrorCode::kInternal, "malformed file record");
+      ByteReader r(g);
+      storage::LocalRankFile f{r.get<uint64_t>(), r.get<uint64_t>()};
+      if (!(r.ok() && r.at_end())) manifest_bytes = Status(ErrorCode::kInternal, "malformed file record");
       m.files.push_back(f);
     }
     if (manifest_bytes.ok()) manifest_bytes = storage::encode_local_manifest(m);
@@ -665,40 +615,40 @@ struct Candidate {
 
 std::string encode_listing(const std::vector<storage::LocalEntry>& entries,
                            const std::vector<std::string>& manifests) {
-  Writer w;
-  w.u64(entries.size());
+  ByteWriter w;
+  w.put<uint64_t>(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     auto m = storage::decode_local_manifest(manifests[i]);  // listed entries decoded once already
-    w.str(e.name), w.u64(e.manifest_id), w.i64(e.step), w.u64(m.ok() ? m->files.size() : 0);
-    w.u64(e.ranks.size());
-    for (int r : e.ranks) w.i64(r);
+    w.put_string(e.name), w.put<uint64_t>(e.manifest_id), w.put<int64_t>(e.step), w.put<uint64_t>(m.ok() ? m->files.size() : 0);
+    w.put<uint64_t>(e.ranks.size());
+    for (int r : e.ranks) w.put<int64_t>(r);
     const auto& nodes = m.ok() ? m->node_of_rank : std::vector<int>{};
-    w.u64(nodes.size());
-    for (int n : nodes) w.i64(n);
+    w.put<uint64_t>(nodes.size());
+    for (int n : nodes) w.put<int64_t>(n);
   }
-  return w.out;
+  return w.str();
 }
 
 Status decode_listing(const std::string& bytes, int node, std::map<std::pair<std::string, uint64_t>, Candidate>& c) {
-  Reader r{bytes};
-  const uint64_t n = r.u64();
-  for (uint64_t i = 0; i < n && r.ok; ++i) {
-    std::string name = r.str();
-    const uint64_t id = r.u64();
-    const int64_t step = r.i64();
-    const uint64_t world = r.u64();
+  ByteReader r(bytes);
+  const uint64_t n = r.get<uint64_t>();
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    std::string name = r.get_string();
+    const uint64_t id = r.get<uint64_t>();
+    const int64_t step = r.get<int64_t>();
+    const uint64_t world = r.get<uint64_t>();
     Candidate& x = c[{name, id}];
     x.name = name, x.id = id, x.step = step, x.world = world;
     x.manifest_node = x.manifest_node < 0 ? node : x.manifest_node;
-    const uint64_t k = r.u64();
-    for (uint64_t j = 0; j < k && r.ok; ++j) x.holders[static_cast<int>(r.i64())].push_back(node);
-    const uint64_t m = r.u64();
+    const uint64_t k = r.get<uint64_t>();
+    for (uint64_t j = 0; j < k && r.ok(); ++j) x.holders[static_cast<int>(r.get<int64_t>())].push_back(node);
+    const uint64_t m = r.get<uint64_t>();
     std::vector<int> nodes;
-    for (uint64_t j = 0; j < m && r.ok; ++j) nodes.push_back(static_cast<int>(r.i64()));
+    for (uint64_t j = 0; j < m && r.ok(); ++j) nodes.push_back(static_cast<int>(r.get<int64_t>()));
     if (!nodes.empty()) x.node_of_rank = std::move(nodes);
   }
-  if (!r.done()) return Status(ErrorCode::kInternal, "malformed local listing from node " + std::to_string(node));
+  if (!(r.ok() && r.at_end())) return Status(ErrorCode::kInternal, "malformed local listing from node " + std::to_string(node));
   return Status::Ok();
 }
 
@@ -763,7 +713,7 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
         return a->step != b->step ? a->step > b->step : a->name > b->name;
       });
       std::string why;
-      Writer w;
+      ByteWriter w;
       const Candidate* pick = nullptr;
       for (const Candidate* c : order) {
         if (c->step < shared_step) break;  // the shared level is newer
@@ -803,10 +753,10 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
                              "level's newest is " +
                              (shared_step >= 0 ? "step " + std::to_string(shared_step) : "none");
         if (!why.empty()) reason += " (" + why + ")";
-        w.u64(1), w.str(reason), w.str(pick->name), w.u64(pick->id);
-        w.i64(nodes.members[pick->manifest_node].front());
-        w.u64(servers.size());
-        for (int s : servers) w.i64(s);
+        w.put<uint64_t>(1), w.put_string(reason), w.put_string(pick->name), w.put<uint64_t>(pick->id);
+        w.put<int64_t>(nodes.members[pick->manifest_node].front());
+        w.put<uint64_t>(servers.size());
+        for (int s : servers) w.put<int64_t>(s);
       } else {
         std::string reason = shared_step >= 0
                                  ? "shared checkpoint at '" + path + "' (step " + std::to_string(shared_step) + ")"
@@ -816,31 +766,31 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
         else if (order.empty()) reason += ": no local checkpoint for it on any node";
         else reason += ": it is at least as new as every local checkpoint";
         metrics::log().info("load of '{}' reads the {}", path, reason);
-        w.u64(0), w.str(reason), w.str(shared.ok() ? shared->path : std::string());
+        w.put<uint64_t>(0), w.put_string(reason), w.put_string(shared.ok() ? shared->path : std::string());
         if (!shared.ok()) choice = shared.status().with_context(reason);  // every rank returns it
       }
-      if (choice.ok()) choice = w.out;
+      if (choice.ok()) choice = w.str();
     }
     if (!st.ok()) choice = st;
     H5CKPT_ASSIGN_OR_RETURN(std::string msg, bcast_outcome(choice, topo));
-    Reader r{msg};
+    ByteReader r(msg);
     Resolution res;
-    res.local = r.u64() != 0;
-    res.reason = r.str();
+    res.local = r.get<uint64_t>() != 0;
+    res.reason = r.get_string();
     if (!res.local) {
-      res.info.path = r.str();  // the shared checkpoint the ordinary load then reads
+      res.info.path = r.get_string();  // the shared checkpoint the ordinary load then reads
       if (!with_info) return res;
       auto info = read_checkpoint_info(res.info.path);  // every rank: the caller builds its state from it
       if (!info.ok()) return info.status().with_context(res.reason);
       res.info = std::move(info).value();
       return res;
     }
-    const std::string name = r.str();
-    const uint64_t id = r.u64();
-    const int manifest_root = static_cast<int>(r.i64());
-    const uint64_t n = r.u64();
-    for (uint64_t i = 0; i < n; ++i) res.server.push_back(static_cast<int>(r.i64()));
-    if (!r.done()) return Status(ErrorCode::kInternal, "malformed level choice");
+    const std::string name = r.get_string();
+    const uint64_t id = r.get<uint64_t>();
+    const int manifest_root = static_cast<int>(r.get<int64_t>());
+    const uint64_t n = r.get<uint64_t>();
+    for (uint64_t i = 0; i < n; ++i) res.server.push_back(static_cast<int>(r.get<int64_t>()));
+    if (!(r.ok() && r.at_end())) return Status(ErrorCode::kInternal, "malformed level choice");
     res.dir = (fs::path(dir) / name).string();
 
     // The manifest from a node that has it; every rank decodes it.
@@ -869,14 +819,14 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
       }
     }
     if (Status a = comm::agree(ok, world); !a.ok()) return a.with_context("reading the local manifest of '" + name + "'");
-    Writer fw;
-    for (int f : failed) fw.i64(f);
-    H5CKPT_ASSIGN_OR_RETURN(auto fails, topo.gather(fw.out));
+    ByteWriter fw;
+    for (int f : failed) fw.put<int64_t>(f);
+    H5CKPT_ASSIGN_OR_RETURN(auto fails, topo.gather(fw.str()));
     int again = 0;
     if (coordinator) {
       for (size_t q = 0; q < fails.size(); ++q) {
-        Reader fr{fails[q]};
-        while (fr.at < fails[q].size() && fr.ok) bad.insert({nodes.node_of[q], static_cast<int>(fr.i64())});
+        ByteReader fr(fails[q]);
+        while (!fr.at_end() && fr.ok()) bad.insert({nodes.node_of[q], static_cast<int>(fr.get<int64_t>())});
         again = again || !fails[q].empty();
       }
     }
@@ -952,7 +902,7 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
 
   // Requests: for each wanted region, its server; the exchange tells every server what to send.
-  std::vector<Writer> to(size);
+  std::vector<ByteWriter> to(size);
   std::vector<uint64_t> expect(size, 0);
   struct Want {
     size_t dest;
@@ -967,8 +917,8 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
       const uint64_t n = overlap_elements(t.shape, t.regions[g].shard, it.shard);
       if (!n) continue;
       const int s = res.server.at(static_cast<size_t>(t.regions[g].writer));
-      to[s].u64(d.tensor), to[s].u64(g);
-      put_shard(to[s], it.shard);
+      to[s].put<uint64_t>(d.tensor), to[s].put<uint64_t>(g);
+      wire::put_shard(to[s], it.shard);
       expect[s] += n * dtype_size(t.dtype);
       wants[s].push_back({di, static_cast<int>(d.tensor), static_cast<int>(g)});
     }
@@ -977,8 +927,8 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   std::string sendbuf;
   for (int q = 0; q < size; ++q) {
     sdispl[q] = static_cast<int>(sendbuf.size());
-    send_counts[q] = static_cast<int>(to[q].out.size());
-    sendbuf += to[q].out;
+    send_counts[q] = static_cast<int>(to[q].str().size());
+    sendbuf += to[q].str();
   }
   MPI_Request req;
   int rc = MPI_Ialltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, world, &req);
@@ -1013,11 +963,11 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   bool malformed = false;
   for (int q = 0; q < size && !malformed; ++q) {
     const std::string part = recvbuf.substr(static_cast<size_t>(rdispl[q]), static_cast<size_t>(recv_counts[q]));
-    Reader r{part};
-    while (r.at < part.size()) {
-      const uint64_t t = r.u64(), g = r.u64();
-      const ShardSpec want = get_shard(r);
-      if (!r.ok || t >= res.tensors.size() || g >= res.tensors[t].regions.size() ||
+    ByteReader r(part);
+    while (!r.at_end()) {
+      const uint64_t t = r.get<uint64_t>(), g = r.get<uint64_t>();
+      const ShardSpec want = wire::get_shard(r);
+      if (!r.ok() || t >= res.tensors.size() || g >= res.tensors[t].regions.size() ||
           res.server.at(static_cast<size_t>(res.tensors[t].regions[g].writer)) != me) {
         // A bug: the sizes the requester expects are unknown here, so its wait ends at the deadline.
         st = Status(ErrorCode::kInternal, "malformed local-level request from rank " + std::to_string(q));

@@ -15,6 +15,18 @@ constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
 constexpr size_t kMinRequestBytes = 1 + 8 + 8;  // flags, signature length, bytes
 constexpr size_t kChecksumBytes = 4 + 4 + 8 + 8;  // without its blocks
 
+DType get_dtype(ByteReader& r, bool* bad) {
+  const uint8_t v = r.get<uint8_t>();
+  if (v > static_cast<uint8_t>(DType::kBool)) *bad = true;
+  return static_cast<DType>(v);
+}
+
+Status malformed(const char* what) {
+  return Status(ErrorCode::kInternal, std::string("malformed ") + what + " message");
+}
+
+}  // namespace
+
 void put_shard(ByteWriter& w, const ShardSpec& s) {
   w.put_vec(s.box.offset);
   w.put_vec(s.box.shape);
@@ -36,18 +48,6 @@ ShardSpec get_shard(ByteReader& r) {
   }
   return s;
 }
-
-DType get_dtype(ByteReader& r, bool* bad) {
-  const uint8_t v = r.get<uint8_t>();
-  if (v > static_cast<uint8_t>(DType::kBool)) *bad = true;
-  return static_cast<DType>(v);
-}
-
-Status malformed(const char* what) {
-  return Status(ErrorCode::kInternal, std::string("malformed ") + what + " message");
-}
-
-}  // namespace
 
 std::string encode_items(const std::vector<planner::ItemDesc>& items) {
   ByteWriter w;

@@ -12,10 +12,15 @@
 #include "h5ckpt/status.h"
 #include "planner/load_planner.h"
 #include "planner/save_planner.h"
+#include "util/bytes.h"
 
 namespace h5ckpt::engine::wire {
 
 /// Save planning, up the tree: one rank's item descriptors.
+/// One ShardSpec (box, optional flat range) in the messages below and in local-level requests.
+void put_shard(ByteWriter& w, const ShardSpec& s);
+ShardSpec get_shard(ByteReader& r);
+
 std::string encode_items(const std::vector<planner::ItemDesc>& items);
 Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes);
 

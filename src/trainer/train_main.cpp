@@ -199,11 +199,6 @@ int train(Options& o, int world) {
       auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
       if (!all_ok(rep.status(), "load")) return 1;
       if (!all_ok(w.finish_load(), "restoring loader/extra state")) return 1;
-      // A resume from an older level (a lost local checkpoint) re-runs steps the ledger has.
-      Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
-                          ? mark_resume(o.ledger, w.global_step())
-                          : Status::Ok();
-      if (!all_ok(marked, "marking the resume in the ledger")) return 1;
       double secs = max_over_ranks(now_s() - t0);
       uint64_t bytes = sum_over_ranks(rep->bytes_read);
       int restored = w.rng_restored() ? 1 : 0, n_restored = 0;
@@ -220,12 +215,13 @@ int train(Options& o, int world) {
       append_report(o, "load", w.global_step(), secs, bytes, rep->path);
     } else {
       say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
-      // Rows of a run that died before its first checkpoint are re-run from step 0.
-      Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
-                          ? mark_resume(o.ledger, 0)
-                          : Status::Ok();
-      if (!all_ok(marked, "marking the restart in the ledger")) return 1;
     }
+    // Steps past the one this run starts from (a resume from an older level after a lost local
+    // checkpoint, or from 0 before any checkpoint) are re-run: the ledger says so.
+    Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
+                        ? mark_resume(o.ledger, w.global_step())
+                        : Status::Ok();
+    if (!all_ok(marked, "marking the resume in the ledger")) return 1;
   }
 
   const uint64_t state_bytes = sum_over_ranks(w.local_state_bytes());
