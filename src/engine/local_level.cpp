@@ -613,19 +613,18 @@ struct Candidate {
   int manifest_node = -1;                       // a live node holding the manifest
 };
 
-std::string encode_listing(const std::vector<storage::LocalEntry>& entries,
-                           const std::vector<std::string>& manifests) {
+std::string encode_listing(const std::vector<storage::LocalEntry>& entries) {
   ByteWriter w;
   w.put<uint64_t>(entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const auto& e = entries[i];
-    auto m = storage::decode_local_manifest(manifests[i]);  // listed entries decoded once already
-    w.put_string(e.name), w.put<uint64_t>(e.manifest_id), w.put<int64_t>(e.step), w.put<uint64_t>(m.ok() ? m->files.size() : 0);
+  for (const auto& e : entries) {
+    w.put_string(e.name);
+    w.put<uint64_t>(e.manifest_id);
+    w.put<int64_t>(e.step);
+    w.put<uint64_t>(e.world);
     w.put<uint64_t>(e.ranks.size());
     for (int r : e.ranks) w.put<int64_t>(r);
-    const auto& nodes = m.ok() ? m->node_of_rank : std::vector<int>{};
-    w.put<uint64_t>(nodes.size());
-    for (int n : nodes) w.put<int64_t>(n);
+    w.put<uint64_t>(e.node_of_rank.size());
+    for (int n : e.node_of_rank) w.put<int64_t>(n);
   }
   return w.str();
 }
@@ -682,9 +681,7 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
   // Every node leader lists its local checkpoints for `path`.
   std::string listing;
   if (topo.leader()) {
-    std::vector<std::string> manifests;
-    auto entries = storage::list_local_checkpoints(dir, path, &manifests);
-    listing = encode_listing(entries, manifests);
+    listing = encode_listing(storage::list_local_checkpoints(dir, path));
   }
   H5CKPT_ASSIGN_OR_RETURN(auto lists, topo.gather(listing));
 

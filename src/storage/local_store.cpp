@@ -142,8 +142,7 @@ Result<LocalManifest> decode_local_manifest(const std::string& bytes) {
   return m;
 }
 
-std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std::string& path,
-                                               std::vector<std::string>* manifests) {
+std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std::string& path) {
   std::vector<LocalEntry> out;
   const std::string want = path.empty() ? "" : canonical_path(path);
   std::error_code ec;
@@ -165,7 +164,7 @@ std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std
       continue;
     }
     if (!want.empty() && m->shared_path != want && m->parent() != want) continue;
-    LocalEntry e{name, cdir, XXH3_64bits(bytes->data(), bytes->size()), m->step, {}};
+    LocalEntry e{name, cdir, XXH3_64bits(bytes->data(), bytes->size()), m->step, {}, m->files.size(), m->node_of_rank};
     for (size_t r = 0; r < m->files.size(); ++r) {
       struct stat sb {};
       const std::string f = (fs::path(cdir) / local_rank_file(static_cast<int>(r))).string();
@@ -173,7 +172,6 @@ std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std
         e.ranks.push_back(static_cast<int>(r));
     }
     out.push_back(std::move(e));
-    if (manifests) manifests->push_back(std::move(bytes).value());
   }
   return out;
 }

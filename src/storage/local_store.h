@@ -61,13 +61,14 @@ struct LocalEntry {
   uint64_t manifest_id = 0;  ///< xxh3 of the manifest file: tells re-saves under one name apart
   int64_t step = -1;
   std::vector<int> ranks;  ///< saved ranks whose file is here with the recorded size
+  uint64_t world = 0;      ///< ranks that saved it
+  std::vector<int> node_of_rank;  ///< the node that saved each rank (for messages)
 };
 
 /// The committed local checkpoints in `dir` standing for `path` (a shared checkpoint, or the
 /// directory of checkpoints holding it); with `path` empty, all of them. Unreadable or corrupt
-/// manifests are skipped with a warning. `manifests` (optional) receives each entry's bytes.
-std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std::string& path,
-                                               std::vector<std::string>* manifests = nullptr);
+/// manifests are skipped with a warning.
+std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std::string& path);
 
 /// xxh3 of a whole file, which must have `bytes` bytes.
 Result<uint64_t> file_xxh3(const std::string& path, uint64_t bytes);
