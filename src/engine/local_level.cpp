@@ -200,7 +200,7 @@ class ReplicaStream {
  public:
   ReplicaStream(const NodeMap& nodes, int replicas, int me, uint64_t my_bytes, const std::string& partial,
                 MPI_Comm comm)
-      : me_(me), my_bytes_(my_bytes), comm_(comm) {
+      : my_bytes_(my_bytes), comm_(comm) {
     targets_ = replica_targets(nodes, me, replicas);
     for (int q = 0; q < static_cast<int>(nodes.node_of.size()); ++q) {
       if (q == me) continue;
@@ -355,7 +355,6 @@ class ReplicaStream {
 
   comm::Deadline deadline_;
   std::chrono::steady_clock::time_point next_check_{};
-  int me_;
   uint64_t my_bytes_;
   MPI_Comm comm_;
   std::vector<int> targets_;
