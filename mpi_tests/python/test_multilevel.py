@@ -13,14 +13,13 @@ import faulthandler
 import os
 import shutil
 import sys
-import time
-import traceback
 
 import h5py
 import numpy as np
 from mpi4py import MPI
 
 import h5ckpt
+from mpi_checks import check, eq, run
 from h5ckpt import ErrorCode, ShardSpec
 
 W = MPI.COMM_WORLD
@@ -34,20 +33,6 @@ MY_NODE = R // RPN
 
 SHAPE_W = [8, 6]   # model/w: rows split over TP, replicated over DP
 SHAPE_M = [10, 7]  # optimizer/m: ZeRO flat ranges over all ranks
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def eq(a, b, what):
-    a, b = np.asarray(a), np.asarray(b)
-    check(a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}")
-    check(a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}")
-    bad = np.argwhere(a != b)
-    check(len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[:3].tolist()}: "
-                         f"got {a[tuple(bad[0])] if len(bad) else '?'}, want {b[tuple(bad[0])] if len(bad) else '?'}")
 
 
 def same_everywhere(value, what):
@@ -231,23 +216,9 @@ def main():
         shutil.rmtree(ROOT, ignore_errors=True)
         os.makedirs(shared())
     W.Barrier()
-    t_all = time.time()
-    try:
-        check(NODES >= 2, f"needs at least 2 simulated nodes (H5CKPT_RANKS_PER_NODE={RPN}, {N} ranks)")
-        for name, t in [("options", test_options), ("memory_bytes", test_memory_bytes), ("local_level", test_local_level)]:
-            t0 = time.time()
-            t()
-            W.Barrier()
-            if R == 0:
-                print(f"ok   {name} ({time.time() - t0:.2f} s)", flush=True)
-    except BaseException:
-        sys.stderr.write(f"FAIL on rank {R} of {N}:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        W.Abort(1)
-    if R == 0:
-        print(f"all multi-level binding tests passed on {N} rank(s), {NODES} nodes, in {time.time() - t_all:.1f} s",
-              flush=True)
-
+    run(W, [("options", test_options), ("memory_bytes", test_memory_bytes), ("local_level", test_local_level)],
+        f"all multi-level binding tests passed on {N} rank(s), {NODES} nodes",
+        before=lambda: check(NODES >= 2, f"needs at least 2 simulated nodes (H5CKPT_RANKS_PER_NODE={RPN}, {N} ranks)"))
 
 if __name__ == "__main__":
     main()

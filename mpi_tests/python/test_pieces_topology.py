@@ -12,8 +12,6 @@ traceback and aborts the job.
 import os
 import shutil
 import sys
-import time
-import traceback
 
 import h5py
 import numpy as np
@@ -21,6 +19,7 @@ import torch
 from mpi4py import MPI
 
 import h5ckpt
+from mpi_checks import check, eq, run
 from h5ckpt import ErrorCode, ShardPiece, ShardSpec
 
 W = MPI.COMM_WORLD
@@ -29,20 +28,6 @@ ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "/tmp/h5ckpt-pieces
 torch.set_num_threads(1)
 
 F, H = 12, 5  # fc1 of a SwiGLU MLP: [gate; up] = [2F, H]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def eq(a, b, what):
-    a, b = np.asarray(a), np.asarray(b)
-    check(a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}")
-    check(a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}")
-    bad = np.argwhere(a != b)
-    check(len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[:3].tolist()}: "
-                         f"got {a[tuple(bad[0])] if len(bad) else '?'}, want {b[tuple(bad[0])] if len(bad) else '?'}")
 
 
 def path(*parts):
@@ -263,21 +248,8 @@ def main():
         shutil.rmtree(ROOT, ignore_errors=True)
         os.makedirs(ROOT)
     W.Barrier()
-    t_all = time.time()
-    try:
-        for name, t in [("add_pieces", test_add_pieces), ("topology_cp_ep", test_topology_cp_ep)]:
-            t0 = time.time()
-            t()
-            W.Barrier()
-            if R == 0:
-                print(f"ok   {name} ({time.time() - t0:.2f} s)", flush=True)
-    except BaseException:
-        sys.stderr.write(f"FAIL on rank {R} of {N}:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        W.Abort(1)
-    if R == 0:
-        print(f"all add_pieces/topology binding tests passed on {N} rank(s) in {time.time() - t_all:.1f} s", flush=True)
-
+    run(W, [("add_pieces", test_add_pieces), ("topology_cp_ep", test_topology_cp_ep)],
+        f"all add_pieces/topology binding tests passed on {N} rank(s)")
 
 if __name__ == "__main__":
     main()
