@@ -35,26 +35,24 @@ h5ckpt_timeout_abort_test(blocking 3 2 "save/write" "blocking collective")
 
 # A rank SIGSTOPped in the write phase of a save, with H5CKPT_TIMEOUT_S=5: the job must end within
 # 15 s with the message, and the checkpoint `latest` names must verify and load. Synchronous and
-# asynchronous saves (the background writer's phases).
-foreach(async 0 1)
-  set(name test_timeouts_sigstop_save_async${async}_np4)
-  add_test(NAME ${name}
-    COMMAND ${_timeouts_dir}/sigstop_save.sh $<TARGET_FILE:timeout_probe> $<TARGET_FILE:h5ckpt-cli>
-            ${CMAKE_CURRENT_BINARY_DIR}/sigstop_async${async} 4 1 ${async}
-            ${MPIEXEC_EXECUTABLE} ${H5CKPT_MPIEXEC_PREFLAGS})
-  set_tests_properties(${name} PROPERTIES PROCESSORS 4 TIMEOUT 240 LABELS "mpi;timeout"
-    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
-endforeach()
-
-# The same with node-local checkpoints persisted every save (2 simulated nodes of 2 ranks, one
-# partner copy): the stop lands in a local write, a partner copy or a persist; the job must end by
-# itself, `latest` must verify, and a load through the local level must find a complete checkpoint.
-foreach(async 0 1)
-  set(name test_timeouts_sigstop_local_async${async}_np4)
-  add_test(NAME ${name}
-    COMMAND ${_timeouts_dir}/sigstop_save.sh $<TARGET_FILE:timeout_probe> $<TARGET_FILE:h5ckpt-cli>
-            ${CMAKE_CURRENT_BINARY_DIR}/sigstop_local_async${async} 4 1 ${async}
-            ${MPIEXEC_EXECUTABLE} ${H5CKPT_MPIEXEC_PREFLAGS})
-  set_tests_properties(${name} PROPERTIES PROCESSORS 4 TIMEOUT 240 LABELS "mpi;timeout;local"
-    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;H5CKPT_RANKS_PER_NODE=2;H5CKPT_PERSIST_EVERY=1;H5CKPT_LOCAL_DIR=${CMAKE_CURRENT_BINARY_DIR}/sigstop_local_disks${async}/node{node};SIGSTOP_PHASE_RE=save(_async|_local)?/[a-z_]+")
+# asynchronous saves (the background writer's phases); "local": the same with node-local
+# checkpoints persisted every save (2 simulated nodes of 2 ranks, one partner copy), where the stop
+# lands in a local write, a partner copy or a persist, and the load goes through the local level.
+foreach(kind save local)
+  set(_env "OMPI_MCA_rmaps_base_oversubscribe=1")
+  set(_labels "mpi;timeout")
+  foreach(async 0 1)
+    if(kind STREQUAL "local")
+      set(_env "OMPI_MCA_rmaps_base_oversubscribe=1;H5CKPT_RANKS_PER_NODE=2;H5CKPT_PERSIST_EVERY=1;H5CKPT_LOCAL_DIR=${CMAKE_CURRENT_BINARY_DIR}/sigstop_local_disks${async}/node{node};SIGSTOP_PHASE_RE=save(_async|_local)?/[a-z_]+")
+      set(_labels "mpi;timeout;local")
+      set(_work sigstop_local_async${async})
+    else()
+      set(_work sigstop_async${async})
+    endif()
+    set(name test_timeouts_sigstop_${kind}_async${async}_np4)
+    add_test(NAME ${name}
+      COMMAND ${_timeouts_dir}/sigstop_save.sh $<TARGET_FILE:timeout_probe> $<TARGET_FILE:h5ckpt-cli>
+              ${CMAKE_CURRENT_BINARY_DIR}/${_work} 4 1 ${async} ${MPIEXEC_EXECUTABLE} ${H5CKPT_MPIEXEC_PREFLAGS})
+    set_tests_properties(${name} PROPERTIES PROCESSORS 4 TIMEOUT 240 LABELS "${_labels}" ENVIRONMENT "${_env}")
+  endforeach()
 endforeach()
