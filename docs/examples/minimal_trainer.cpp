@@ -225,10 +225,18 @@ int run(const Args& args) {
   if (g_rank == 0) std::filesystem::create_directories(args.ckpt_dir);
   MPI_Barrier(MPI_COMM_WORLD);
 
-  // 3. Resume from `latest` if there is one, whatever layout wrote it.
-  int have = std::filesystem::exists(std::filesystem::path(args.ckpt_dir) / "latest") ? 1 : 0, any = 0;
+  // 3. Resume from `latest` (or the newest checkpoint that validates), whatever layout wrote it.
+  //    Only an empty directory (kNotFound) means "start fresh": a directory whose checkpoints all
+  //    fail validation is an error, so a damaged checkpoint is never trained over and overwritten.
+  auto found = h5ckpt::read_checkpoint_info(args.ckpt_dir);  // metadata only, no MPI
+  int have = found.ok() ? 1 : found.status().code() == h5ckpt::ErrorCode::kNotFound ? 0 : 2, any = 0;
   MPI_Allreduce(&have, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);  // all ranks take the same branch
-  if (any) {
+  if (any == 2) {
+    if (!ok(found.ok() ? h5ckpt::Status(h5ckpt::ErrorCode::kRemote, "another rank could not read it") : found.status(),
+            "reading '" + args.ckpt_dir + "'"))
+      return 1;
+  }
+  if (any == 1) {
     h5ckpt::StateDict sd = model.state();
     auto loaded = ckpt.load(sd, args.ckpt_dir);  // follows CKPT_DIR/latest
     if (!ok(loaded.status(), "load from '" + args.ckpt_dir + "'")) return 1;

@@ -17,13 +17,15 @@ namespace h5ckpt::planner {
 constexpr size_t kMaxKeyLength = 1024;
 
 Status validate_key(const std::string& key) {
-  auto bad = [&](const std::string& why) { return Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + why); };
+  auto bad = [&](const std::string& why) {
+    return Status(ErrorCode::kInvalidArgument, "key '" + printable(key) + "': " + why);
+  };
   if (key.empty()) return bad("empty key");
   if (key.size() > kMaxKeyLength) return bad("longer than " + std::to_string(kMaxKeyLength) + " characters");
   for (char c : key) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                     c == '.' || c == '-' || c == '/';
-    if (!ok) return bad(std::string("character '") + c + "' not allowed (letters, digits, _ . - /)");
+    if (!ok) return bad("character '" + printable(std::string_view(&c, 1)) + "' not allowed (letters, digits, _ . - /)");
   }
   if (key.front() == '/' || key.back() == '/' || key.find("//") != std::string::npos)
     return bad("empty path component");

@@ -52,10 +52,11 @@ Status verify_checkpoint(const CheckpointInfo& info, int part, int nparts) {
   for (const auto& t : info.tensors) {
     for (size_t r = 0; r < t.regions.size(); ++r, ++index) {
       const SavedRegion& reg = t.regions[r];
-      if (index % nparts != part || (reg.checksum == 0 && reg.block_checksums.empty())) continue;
+      // Regions saved without checksums are skipped; a block size without its blocks is not.
+      if (index % nparts != part || (reg.checksum == 0 && reg.block_bytes == 0 && reg.block_checksums.empty())) continue;
       buf.resize(static_cast<size_t>(reg.shard.numel()) * dtype_size(t.dtype));
       // The read checks the region's verification blocks (format v1: its whole-region sum).
-      H5CKPT_RETURN_IF_ERROR(reader.read_shard(t, reg.shard, t.dtype, buf.data()));
+      H5CKPT_RETURN_IF_ERROR(reader.read_region(t, r, buf.data()));
       if (reg.checksum != 0 && storage::checksum_bytes(buf.data(), buf.size()) != reg.checksum)
         return Status(ErrorCode::kCorrupt, "checksum mismatch in tensor '" + t.key + "' region " + std::to_string(r) +
                                                " (" + to_string_spec(reg.shard) + ", written by rank " +

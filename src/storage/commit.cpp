@@ -353,33 +353,53 @@ std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& root) 
 
 namespace {
 
+// The names of directories under `root` that look like checkpoints (a metadata or data file in a
+// real directory with a committed name) but whose metadata gives no step: committed_checkpoints
+// leaves them out, and selection must still report them rather than call the directory empty.
+std::vector<std::string> unlisted_checkpoint_dirs(const std::string& root, const std::vector<CommittedCheckpoint>& listed) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (is_temp_name(name) || !plausible_name(name)) continue;
+    struct stat sb {}, fb{};
+    if (::lstat(it->path().c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    const bool looks = ::lstat((it->path() / kMetadataFileName).c_str(), &fb) == 0 ||
+                       ::lstat((it->path() / kDataFileName).c_str(), &fb) == 0;
+    if (looks && std::none_of(listed.begin(), listed.end(), [&](const CommittedCheckpoint& c) { return c.name == name; }))
+      out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // A directory of checkpoints: what `latest` names when it validates, else the newest that does.
+// "Empty" (no `latest`, nothing that looks like a checkpoint: kNotFound, a trainer may start
+// fresh) and "nothing valid" (kCorrupt, naming each checkpoint and why) are different answers:
+// a trainer that took the second for the first would start over and overwrite the evidence.
 Result<std::string> select_in_directory(const std::string& root) {
   std::string problem;
-  ErrorCode code = ErrorCode::kCorrupt;
   const std::string named = read_latest_name(root, &problem);
-  const bool no_latest = named.empty() && problem == "there is no 'latest'";
-  if (no_latest) code = ErrorCode::kNotFound;
+  const bool has_latest = !(named.empty() && problem == "there is no 'latest'");
   if (!named.empty()) {
     const std::string dir = (fs::path(root) / named).string();
     struct stat sb {};
     Status st;
     if (::lstat(dir.c_str(), &sb) != 0) {
       problem = "'latest' names '" + named + "', which does not exist";
-      code = ErrorCode::kNotFound;
     } else if (S_ISLNK(sb.st_mode)) {
       problem = "'latest' names '" + named + "', a symbolic link (never followed)";
     } else if (!S_ISDIR(sb.st_mode)) {
       problem = "'latest' names '" + named + "', which is not a directory";
     } else if (st = validate_checkpoint_dir(dir); !st.ok()) {
       problem = "'latest' names '" + named + "', which does not validate (" + st.to_string() + ")";
-      code = st.code();
     } else {
       return dir;
     }
   }
   std::string rejected;
-  for (const CommittedCheckpoint& c : committed_checkpoints(root)) {
+  const std::vector<CommittedCheckpoint> listed = committed_checkpoints(root);
+  for (const CommittedCheckpoint& c : listed) {
     if (c.name == named) continue;  // examined above
     const std::string dir = (fs::path(root) / c.name).string();
     if (Status st = validate_checkpoint_dir(dir); !st.ok()) {
@@ -390,11 +410,19 @@ Result<std::string> select_in_directory(const std::string& root) {
                         problem, c.name, c.step, rejected.empty() ? "" : " (skipped " + rejected + ")");
     return dir;
   }
-  if (no_latest && rejected.empty())
+  for (const std::string& name : unlisted_checkpoint_dirs(root, listed)) {
+    if (name == named) continue;
+    const Status st = validate_checkpoint_dir((fs::path(root) / name).string());
+    rejected += (rejected.empty() ? "" : "; ") + name + ": " +
+                (st.ok() ? std::string("its metadata gives no step") : st.message());
+  }
+  if (!has_latest && rejected.empty())
     return Status(ErrorCode::kNotFound,
                   "'" + root + "' holds no checkpoint (no " + kMetadataFileName + " or " + kLatestFileName + ")");
-  return Status(code, "'" + root + "': " + problem + ", and no other checkpoint there validates" +
-                          (rejected.empty() ? "" : " (" + rejected + ")"));
+  return Status(ErrorCode::kCorrupt, "'" + root + "' holds checkpoints but none validates: " +
+                                         (has_latest ? problem : std::string("there is no 'latest'")) +
+                                         (rejected.empty() ? "" : "; " + rejected) +
+                                         " (nothing was selected; nothing was changed)");
 }
 
 }  // namespace
@@ -413,6 +441,8 @@ Result<std::string> resolve_checkpoint_dir(const std::string& path) {
   if (!has_meta)
     return Status(ErrorCode::kNotCommitted,
                   "checkpoint '" + path + "' has data but no " + kMetadataFileName + ": it was never committed");
+  // A named checkpoint without its data is damaged, not absent ("not found" reads as "start fresh").
+  if (!has_data) return Status(ErrorCode::kCorrupt, "checkpoint '" + path + "' has no " + kDataFileName);
   return path;
 }
 

@@ -402,7 +402,7 @@ Status Index::check_structure() const {
     const TensorRecord rec = tensor(t);
     const std::string which = "tensor " + std::to_string(t);
     if (!fits(rec.key_offset, rec.key_length, names)) return corrupt(which + ": key lies outside the names table");
-    const std::string where = "tensor '" + std::string(key(t)) + "': ";
+    const std::string where = "tensor '" + printable(key(t)) + "': ";
     const auto dtype = dtype_of_code(rec.dtype);
     if (!dtype) return corrupt(where + "unknown dtype code " + std::to_string(rec.dtype));
     if (rec.ndim < 1 || rec.ndim > kMaxDims) return corrupt(where + "rank " + std::to_string(rec.ndim));
@@ -437,6 +437,14 @@ Status Index::check_structure() const {
       uint64_t region_bytes = 0;
       if (__builtin_mul_overflow(static_cast<uint64_t>(region_numel), dtype_size(*dtype), &region_bytes))
         return corrupt(where + "a region's size overflows");
+      // A block size beyond what any save chooses would make element counts negative where they
+      // are signed; the block count below is then exactly ceil(region bytes / block bytes).
+      uint64_t slab = dtype_size(*dtype);
+      for (uint32_t d = 1; d < rec.ndim && !x.flat; ++d) slab *= static_cast<uint64_t>(coord(x.box_index + rec.ndim + d));
+      if (x.block_bytes > max_block_bytes(std::max<uint64_t>(slab, 1)))
+        return corrupt(where + "region " + std::to_string(r) + " has verification blocks of " +
+                       std::to_string(x.block_bytes) + " bytes (at most " +
+                       std::to_string(max_block_bytes(std::max<uint64_t>(slab, 1))) + " are written)");
       const uint64_t blocks = block_count(region_bytes, x.block_bytes);
       if (!fits(next_block, blocks, n_blocks))
         return corrupt(where + "its regions need more block checksums than the blocks table holds");

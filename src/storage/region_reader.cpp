@@ -9,6 +9,7 @@
 
 #include "storage/posix_io.h"
 #include "storage/verify_blocks.h"
+#include "util/checked_math.h"
 #include "util/dtype_convert.h"
 
 namespace h5ckpt::storage {
@@ -28,13 +29,16 @@ constexpr uint64_t kVerifyChunkBytes = 4u << 20;
 Result<RegionReader> RegionReader::open(const std::string& data_file) {
   RegionReader r;
   r.path_ = data_file;
-  r.fd_ = io::open(data_file, O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO or device planted as the data file must not block the open (a reader of
+  // a regular file is unaffected by the flag); anything but a regular file is refused.
+  r.fd_ = io::open(data_file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (r.fd_ < 0) {
     int err = errno;
     return io::error("open", data_file, err, err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo);
   }
   struct stat st {};
   if (io::fstat(r.fd_, &st) != 0) return io::error("fstat", data_file, errno);
+  if (!S_ISREG(st.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data_file + "' is not a regular file");
   r.size_ = static_cast<uint64_t>(st.st_size);
   return r;
 }
@@ -77,11 +81,21 @@ Status RegionReader::pread_exact(void* buf, uint64_t len, uint64_t off) {
 
 Status RegionReader::read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type,
                           void* dst) {
-  if (verify_ && t.file_offset >= 0) {
-    for (const SavedRegion& r : t.regions)
-      if (region_blocks(t, r).verified) return read_checked(t, region, frame, dst_type, dst);
-  }
-  return read_plain(t, region, frame, dst_type, dst);
+  delivered_ = 0;
+  bool checked = false;
+  if (verify_ && t.file_offset >= 0)
+    for (const SavedRegion& r : t.regions) checked = checked || region_blocks(t, r).verified;
+  H5CKPT_RETURN_IF_ERROR(checked ? read_checked(t, region, frame, dst_type, dst)
+                                 : read_plain(t, region, frame, dst_type, dst));
+  // Every wanted element must have come from the file: a read that delivered less (an index
+  // whose regions do not cover the box, an empty span from a lying size) is corrupt, never zeros.
+  const int64_t wanted = region.volume();
+  if (delivered_ != wanted)
+    return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "': a read of " + to_string_shape(region.offset) + "+" +
+                                           to_string_shape(region.shape) + " delivered " + std::to_string(delivered_) +
+                                           " of " + std::to_string(wanted) + " elements from '" + path_ +
+                                           "' (the index does not describe the data)");
+  return Status::Ok();
 }
 
 Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const planner::Frame& frame, DType dst_type,
@@ -139,8 +153,12 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
       for (size_t d = 1; d < rbox.shape.size(); ++d)
         exact = exact || want.offset[d] < rbox.offset[d] ||
                 want.offset[d] + want.shape[d] > rbox.offset[d] + rbox.shape[d];
+      const int64_t before = delivered_;  // landing reads fill the chunk, not the destination
       for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land, exact));
       H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
+      delivered_ = before;
+      for (const Box& piece : pieces)
+        if (const auto p = planner::intersect(piece, want)) delivered_ += p->volume();
       if (!in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
     }
   }
@@ -196,6 +214,7 @@ Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const pl
   };
   planner::for_each_run(region, src, frame, [&](int64_t si, int64_t di, int64_t n) {
     if (!st.ok()) return;
+    delivered_ += n;
     const Run r{static_cast<uint64_t>(t.file_offset) + static_cast<uint64_t>(si) * es, di, n};
     const uint64_t end = r.file_off + static_cast<uint64_t>(n) * es;
     const uint64_t run_bytes = static_cast<uint64_t>(n) * es;
@@ -211,6 +230,35 @@ Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const pl
   });
   H5CKPT_RETURN_IF_ERROR(st);
   return flush();
+}
+
+Status RegionReader::read_region(const TensorInfo& t, size_t index, void* dst) {
+  if (index >= t.regions.size()) return Status(ErrorCode::kInvalidArgument, "tensor '" + t.key + "' has no region " + std::to_string(index));
+  delivered_ = 0;
+  const SavedRegion& reg = t.regions[index];
+  const int64_t n = reg.shard.numel();
+  const uint64_t es = dtype_size(t.dtype);
+  const RegionBlocks rb = region_blocks(t, reg);
+  const bool checked = verify_ && rb.verified;
+  // The region's own stream, whole blocks at a time: no other region's bytes are looked at, so
+  // verifying every region of a tensor is linear in its regions.
+  const int64_t be = checked ? static_cast<int64_t>(rb.block_bytes / es) : n;
+  if (checked && (be <= 0 || rb.block_bytes % es != 0 || rb.block_bytes > max_block_bytes(region_slab_bytes(reg.shard, t.dtype)) || (rb.seeded && rb.sums->size() != block_count(static_cast<uint64_t>(n) * es, rb.block_bytes))))
+    return Status(ErrorCode::kCorrupt, "verification blocks of tensor '" + t.key + "' region " + std::to_string(index) +
+                                           " do not fit the region");
+  const int64_t step = checked ? std::max<int64_t>(1, static_cast<int64_t>(kVerifyChunkBytes / rb.block_bytes)) * be
+                               : std::max<int64_t>(n, 1);
+  for (int64_t c0 = 0; c0 < n; c0 += step) {
+    const CheckedSpan chunk{index, c0, std::min(n, c0 + step), checked, 0};
+    const planner::Frame f = span_frame(t, chunk);
+    char* land = static_cast<char*>(dst) + c0 * static_cast<int64_t>(es);
+    for (const Box& piece : span_boxes(t, chunk)) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land));
+    H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
+  }
+  if (delivered_ != n)
+    return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "' region " + std::to_string(index) + ": the read delivered " +
+                                           std::to_string(delivered_) + " of " + std::to_string(n) + " elements");
+  return Status::Ok();
 }
 
 Status RegionReader::read_shard(const TensorInfo& t, const ShardSpec& shard, DType dst_type, void* dst) {

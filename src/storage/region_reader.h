@@ -39,6 +39,11 @@ class RegionReader {
   /// the tensor (ShardSpec::validate). The one "read a shard's boxes" loop of the library.
   Status read_shard(const TensorInfo& t, const ShardSpec& shard, DType dst_type, void* dst);
 
+  /// Reads saved region `index` of `t` whole, in its canonical order and stored dtype, into `dst`
+  /// (region numel elements), checking its blocks when verification is on. Touches no other
+  /// region, so checking every region of a tensor costs linear time (h5ckpt verify).
+  Status read_region(const TensorInfo& t, size_t index, void* dst);
+
   /// Reads file bytes [off, off + len) into buf; a short file is reported as truncated.
   Status read_bytes(void* buf, uint64_t len, uint64_t off) { return pread_exact(buf, len, off); }
 
@@ -56,6 +61,7 @@ class RegionReader {
   std::vector<char> verify_buf_;
   uint64_t size_ = 0;
   uint64_t bytes_read_ = 0;
+  int64_t delivered_ = 0;  // elements of the current read() placed in the destination
   std::string path_;
   std::vector<char> bounce_;
 };

@@ -80,7 +80,9 @@ std::vector<uint64_t> BlockHasher::finish() {
 RegionBlocks region_blocks(const TensorInfo& t, const SavedRegion& r) {
   RegionBlocks b;
   const uint64_t bytes = static_cast<uint64_t>(r.shard.numel()) * dtype_size(t.dtype);
-  if (r.block_bytes != 0 && !r.block_checksums.empty()) {
+  // A block size means blocks: a region whose checksums are missing is not "unverified" but
+  // corrupt, which checked_spans reports (the count must be exactly the region's).
+  if (r.block_bytes != 0 || !r.block_checksums.empty()) {
     b.verified = true;
     b.identity = region_identity(t.key, t.dtype, t.shape, r.shard);
     b.block_bytes = r.block_bytes;
@@ -134,7 +136,9 @@ Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& w
       spans.push_back({ri, lo, hi, false, 0});
       continue;
     }
-    if (rb.block_bytes % es != 0 || (rb.seeded && rb.sums->size() != block_count(n * es, rb.block_bytes)))
+    const uint64_t region_bytes = static_cast<uint64_t>(n) * es;
+    if (rb.block_bytes == 0 || rb.block_bytes % es != 0 || rb.block_bytes > max_block_bytes(region_slab_bytes(reg.shard, t.dtype)) ||
+        (rb.seeded && rb.sums->size() != block_count(region_bytes, rb.block_bytes)))
       return Status(ErrorCode::kCorrupt, "verification blocks of " + region_name(t, ri) + " do not fit the region");
     const int64_t be = static_cast<int64_t>(rb.block_bytes / es);
     const int64_t b0 = lo / be * be, b1 = std::min((hi + be - 1) / be * be, n);

@@ -26,9 +26,14 @@ uint64_t region_slab_bytes(const ShardSpec& region, DType dtype);
 /// The block size a save uses for a region: whole slabs, about `target` bytes, at least one slab.
 uint64_t choose_block_bytes(const ShardSpec& region, DType dtype, uint64_t target = kVerifyBlockTarget);
 
-/// Number of blocks of a region of `region_bytes` bytes.
+/// The largest block size a reader accepts: a save chooses at most max(slab, target), so anything
+/// larger in an index is a lie (and could make signed element counts negative).
+inline uint64_t max_block_bytes(uint64_t slab_bytes) { return slab_bytes > (1ull << 30) ? slab_bytes : 1ull << 30; }
+
+/// Number of blocks of a region of `region_bytes` bytes: ceil(region / block), without the
+/// overflow of (region + block - 1) that would let a huge block size wrap to zero blocks.
 inline uint64_t block_count(uint64_t region_bytes, uint64_t block_bytes) {
-  return block_bytes == 0 ? 0 : (region_bytes + block_bytes - 1) / block_bytes;
+  return block_bytes == 0 ? 0 : region_bytes / block_bytes + (region_bytes % block_bytes != 0 ? 1 : 0);
 }
 
 /// The seed of a region's blocks: binds the bytes to what they mean.

@@ -18,7 +18,48 @@ int exit_for(const Status& st) {
 }
 
 void print_error(const std::string& what, const Status& st) {
-  std::cerr << "h5ckpt: " << what << ": " << st.to_string() << "\n";
+  std::cerr << "h5ckpt: " << safe_text(what, true) << ": " << safe_text(st.to_string(), true) << "\n";
+}
+
+namespace {
+// Length of the valid UTF-8 sequence at s[i] (overlongs, surrogates and > U+10FFFF refused), or 0.
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  if ((c == 0xE0 && b(i + 1) < 0xA0) || (c == 0xED && b(i + 1) > 0x9F) || (c == 0xF0 && b(i + 1) < 0x90) ||
+      (c == 0xF4 && b(i + 1) > 0x8F))
+    return 0;
+  return n;
+}
+}  // namespace
+
+std::string safe_text(std::string_view s, bool terminal) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_sequence(s, i);
+    const bool control = c < 0x20 || c == 0x7F;
+    if (n == 0 || (terminal && control)) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+      ++i;
+      continue;
+    }
+    out.append(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // ---- MPI -------------------------------------------------------------------------------------
@@ -185,7 +226,9 @@ nlohmann::json info_to_json(const CheckpointInfo& info, bool with_regions) {
                    {"world", info.saved_coords.size()}};
   if (info.saved_sizes.cp != 1) j["topology"]["cp"] = info.saved_sizes.cp;
   if (info.saved_sizes.ep != 1) j["topology"]["ep"] = info.saved_sizes.ep;
-  j["attributes"] = info.attributes;
+  nlohmann::json attributes = nlohmann::json::object();
+  for (const auto& [k, v] : info.attributes) attributes[safe_text(k, false)] = safe_text(v, false);
+  j["attributes"] = std::move(attributes);
   json tensors = json::array();
   for (const auto& t : info.tensors) {
     json jt;

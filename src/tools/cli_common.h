@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "h5ckpt/checkpointer.h"
@@ -31,6 +32,14 @@ void register_diff(CLI::App& app, int* exit_code);
 void register_export(CLI::App& app, int* exit_code);
 void register_reshard(CLI::App& app, int* exit_code);
 void register_prune(CLI::App& app, int* exit_code);
+
+/// Text from a checkpoint (attribute keys and values, names, error messages) made safe to show:
+/// bytes that are not valid UTF-8 become "\xNN"; with `terminal`, control characters too (escape,
+/// bell, NUL, ... would act on the terminal or cut the line). Valid printable text is unchanged.
+std::string safe_text(std::string_view s, bool terminal);
+/// json::dump(2) that never throws on text that is not UTF-8 (it names no field, so callers pass
+/// fields through safe_text first; this is the last guard).
+std::string dump_json(const nlohmann::json& j);
 
 /// Exit status for a failed Status: corrupt data is a failed check, the rest an error.
 int exit_for(const Status& st);

@@ -187,7 +187,7 @@ int run_diff(const DiffArgs& args) {
              {"only_in_a", only_a},
              {"only_in_b", only_b},
              {"differences", jd}};
-    std::cout << out.dump(2) << "\n";
+    std::cout << dump_json(out) << "\n";
     return equal ? kExitOk : kExitFailed;
   }
   std::cout << "A: " << ia->path << " (tp=" << ia->saved_sizes.tp << " dp=" << ia->saved_sizes.dp

@@ -63,7 +63,7 @@ int inspect_checkpoint(const InspectArgs& a, const std::string& path) {
   if (a.json) {
     json j = info_to_json(*info, /*with_regions=*/true);
     j["data_file_bytes"] = file_bytes;
-    std::cout << j.dump(2) << "\n";
+    std::cout << dump_json(j) << "\n";
     return kExitOk;
   }
   const auto& s = info->saved_sizes;
@@ -75,7 +75,8 @@ int inspect_checkpoint(const InspectArgs& a, const std::string& path) {
             << " (world "
             << info->saved_coords.size() << ")\n"
             << "data file        " << info->data_file << " (" << human_bytes(file_bytes) << ")\n";
-  for (const auto& [k, v] : info->attributes) std::cout << "attribute        " << k << " = " << v << "\n";
+  for (const auto& [k, v] : info->attributes)
+    std::cout << "attribute        " << safe_text(k, true) << " = " << safe_text(v, true) << "\n";
 
   Table tensors({"key", "dtype", "shape", "bytes", "regions"}, {false, false, false, true, true});
   Table aux({"key", "dtype", "shape", "bytes", "regions"}, {false, false, false, true, true});
@@ -158,34 +159,35 @@ int inspect_directory(const InspectArgs& a, const std::string& dir) {
   if (a.json) {
     json j;
     j["kind"] = "directory";
-    j["path"] = dir;
-    j["latest"] = latest.empty() ? json(nullptr) : json(latest);
+    j["path"] = safe_text(dir, false);
+    j["latest"] = latest.empty() ? json(nullptr) : json(safe_text(latest, false));
     j["latest_missing"] = !latest_found;
     json list = json::array();
     for (const auto& e : entries) {
-      json je{{"name", e.name}, {"status", e.status}, {"latest", e.latest}};
+      json je{{"name", safe_text(e.name, false)}, {"status", e.status}, {"latest", e.latest}};
       if (e.status == "committed") {
         je["step"] = e.step;
         je["tensors"] = e.tensors;
         je["total_bytes"] = e.bytes;
       } else {
-        je["error"] = e.error;
+        je["error"] = safe_text(e.error, false);
       }
       list.push_back(std::move(je));
     }
     j["checkpoints"] = std::move(list);
-    std::cout << j.dump(2) << "\n";
+    std::cout << dump_json(j) << "\n";
     return kExitOk;
   }
-  std::cout << "directory " << dir << ": " << entries.size() << " checkpoint director"
+  std::cout << "directory " << safe_text(dir, true) << ": " << entries.size() << " checkpoint director"
             << (entries.size() == 1 ? "y" : "ies");
-  if (!latest.empty()) std::cout << ", latest -> " << latest << (latest_found ? "" : " (MISSING)");
+  if (!latest.empty()) std::cout << ", latest -> " << safe_text(latest, true) << (latest_found ? "" : " (MISSING)");
   std::cout << "\n";
   Table t({"", "name", "status", "step", "tensors", "size", "note"}, {false, false, false, true, true, true, false});
   for (const auto& e : entries) {
     const bool ok = e.status == "committed";
-    t.add({e.latest ? "*" : "", e.name, e.status, ok && e.step >= 0 ? std::to_string(e.step) : "-",
-           ok ? std::to_string(e.tensors) : "-", ok ? human_bytes(e.bytes) : "-", e.latest ? "latest" : e.error});
+    t.add({e.latest ? "*" : "", safe_text(e.name, true), e.status, ok && e.step >= 0 ? std::to_string(e.step) : "-",
+           ok ? std::to_string(e.tensors) : "-", ok ? human_bytes(e.bytes) : "-",
+           std::string(e.latest ? "latest" : "") + (e.latest && !ok ? ": " : "") + safe_text(e.error, true)});
   }
   if (!t.empty()) t.print(std::cout);
   return kExitOk;

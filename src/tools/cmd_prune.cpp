@@ -27,7 +27,7 @@ int run_prune(const PruneArgs& a) {
   const char* verb = a.options.dry_run ? "would delete" : "deleted";
   if (a.json) {
     const json j{{"dir", a.dir}, {"dry_run", a.options.dry_run}, {"deleted", r->deleted}, {"kept", r->kept}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << dump_json(j) << "\n";
     return kExitOk;
   }
   for (const auto& name : r->deleted) std::cout << verb << " " << name << "\n";

@@ -47,6 +47,7 @@ struct Options {
   std::string verify_ledger;
   std::vector<std::string> compare;
   bool quiet = false;
+  bool start_fresh = false;  // --start-fresh: train from step 0 when no checkpoint there validates
   std::string config_file;
   int64_t keep_last = -1, keep_every = -1;  // retention flags; -1: as configured
   double timeout_s = -1;                    // --timeout-s; -1: as configured
@@ -83,7 +84,21 @@ void say(const Options& o, const char* fmt, ...) {
 }
 
 void error(const std::string& msg) {
-  if (g_rank == 0) std::fprintf(stderr, "h5ckpt-train: error: %s\n", msg.c_str());
+  if (g_rank != 0) return;
+  // Control bytes (a NUL from a damaged key would cut the line, an escape would act on the
+  // terminal) are shown as \xNN; the whole message is printed.
+  std::string shown;
+  for (const char ch : msg) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += hex;
+    } else {
+      shown += ch;
+    }
+  }
+  std::fprintf(stderr, "h5ckpt-train: error: %s\n", shown.c_str());
 }
 
 // All ranks learn whether any failed; the first failing rank's message is printed by rank 0.
@@ -183,13 +198,24 @@ int train(Options& o, int world) {
     } else {
       info = read_checkpoint_info(o.ckpt_dir);
     }
+    // 0: resume; 1: the directory is empty (start fresh); 2: it holds checkpoints of which none
+    // validates (or reading failed otherwise): an error, unless --start-fresh says to train from
+    // step 0 anyway; the saves below then never overwrite what could not be read.
     int code = info.ok() ? 0 : info.status().code() == ErrorCode::kNotFound ? 1 : 2;
     int lo = 0, hi = 0;
     MPI_Allreduce(&code, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&code, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (hi == 2 || lo != hi) {
-      all_ok(code == 0 ? Status::Ok() : info.status(), "reading checkpoint '" + o.ckpt_dir + "'");
+    const bool fresh_over_damage = hi == 2 && lo == 2 && o.start_fresh;
+    if ((hi == 2 || lo != hi) && !fresh_over_damage) {
+      all_ok(code == 0 ? Status::Ok() : info.status(),
+             "reading checkpoint '" + o.ckpt_dir + "'" +
+                 (hi == 2 && lo == 2 ? " (nothing was changed; --start-fresh trains from step 0 and keeps them)" : ""));
       return 1;
+    }
+    if (fresh_over_damage) {
+      say(o, "no checkpoint in '%s' validates (%s); --start-fresh: starting from step 0, keeping them",
+          o.ckpt_dir.c_str(), info.status().message().c_str());
+      code = 1;
     }
     if (code == 0) {
       StateDict sd;
@@ -213,7 +239,7 @@ int train(Options& o, int world) {
               .c_str(),
           o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
       append_report(o, "load", w.global_step(), secs, bytes, rep->path);
-    } else {
+    } else if (!fresh_over_damage) {
       say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
     }
     // Steps past the one this run starts from (a resume from an older level after a lost local
@@ -272,6 +298,19 @@ int train(Options& o, int world) {
       // (a local one can be, before this rank hears of its commit), what it consumed is on
       // record; a resume from an older checkpoint marks the rows it re-runs (mark_resume).
       if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
+      // ... but never one that cannot be read: a damaged checkpoint is the evidence of what went
+      // wrong, and overwriting it would lose it.
+      Status keep;
+      if (g_rank == 0) {
+        const std::string target = step_dir(o.ckpt_dir, step);
+        std::error_code ec;
+        if (std::filesystem::exists(target, ec))
+          if (auto old = read_checkpoint_info(target); !old.ok())
+            keep = Status(ErrorCode::kAlreadyExists, "refusing to overwrite '" + target +
+                                                         "', which could not be read (" + old.status().message() +
+                                                         "); it is kept as evidence: move it away to go on");
+      }
+      if (!all_ok(keep, "save at step " + std::to_string(step))) return 1;
       MPI_Barrier(MPI_COMM_WORLD);
       double t1 = now_s();
       if (o.ck.checkpointer.async) {
@@ -496,6 +535,9 @@ int main(int argc, char** argv) {
       ->expected(2)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--quiet", o.quiet, "print errors only");
+  app.add_flag("--start-fresh", o.start_fresh,
+               "train from step 0 when --ckpt-dir holds checkpoints of which none validates (without it, that is an "
+               "error); unreadable checkpoints are never overwritten");
   app.add_option("--keep-last", o.keep_last,
                  "after each save keep the N newest checkpoints in --ckpt-dir, delete older ones (0: keep all; "
                  "default: checkpointer.keep_last)")

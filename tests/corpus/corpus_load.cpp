@@ -82,6 +82,8 @@ int run_load(const std::string& ref, const std::string& manifest_path, Checkpoin
     else if (wrong) verdict = "FAIL: loaded WRONG DATA";
     else if (r.ok() && expect == "error") verdict = "FAIL: loaded a checkpoint that must be refused";
     else if (!r.ok() && expect == "ok") verdict = "FAIL: refused the pristine checkpoint";
+    else if (!r.ok() && c.value("refuse_not_found", false) && r.status().code() == ErrorCode::kNotFound)
+      verdict = "FAIL: damaged checkpoints reported as \"not found\" (a trainer would start fresh over them)";
     (r.ok() ? loaded : refused)++;
     if (!verdict.empty()) ++failures;
     if (g_rank == 0)

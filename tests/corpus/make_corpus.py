@@ -296,6 +296,7 @@ def byte_cases(c, rng):
     os.remove(os.path.join(d, "metadata.json"))
     d = c.ckpt_case("data_missing")
     os.remove(os.path.join(d, "data.h5"))
+    c.cases[-1]["refuse_not_found"] = True  # damaged, not absent: "not found" starts a trainer fresh
     d = c.ckpt_case("data_is_dir")
     os.remove(os.path.join(d, "data.h5"))
     os.mkdir(os.path.join(d, "data.h5"))
@@ -536,6 +537,71 @@ def latest_cases(c):
     flip(os.path.join(d, "step-20", "data.h5"), t["file_offset"], 0x10)
 
 
+def verification_off_cases(c):
+    """Index lies that would switch verification off (issue 25), each with a byte of the region
+    they describe flipped: a reader that believes the lie delivers the flipped byte."""
+    m = c.index
+    # The largest first region in box form: the wrap needs region bytes above one slab.
+    t = max((t for t in m["tensors"] if t["nbytes"] > 0 and t["regions"] and not t["regions"][0]["flat"]),
+            key=lambda t: prod(t["regions"][0]["shape"]) * DTYPE_SIZE[t["dtype"]])
+    r0 = t["regions"][0]
+    es = DTYPE_SIZE[t["dtype"]]
+    assert prod(r0["shape"]) * es > es * prod(r0["shape"][1:]), "the fixture needs a region of several rows"
+    slab = es * prod(r0["shape"][1:])
+    # The byte of the region's first element in the row-major data set.
+    pos = t["file_offset"] + es * sum(o * prod(t["shape"][d + 1:]) for d, o in enumerate(r0["offset"]))
+
+    def region(j):
+        return tensor(j, t["key"])["regions"][0]
+
+    cases = {
+        # (region + block - 1) wraps: zero blocks for a region that has bytes.
+        "verify_off_block_bytes_wrap": lambda j: region(j).update(block_bytes=(2**64 - 1) // slab * slab, blocks=[]),
+        # 2^63 and above: negative as a signed element count.
+        "verify_off_block_bytes_2p63": lambda j: region(j).update(block_bytes=(2**63 // slab) * slab,
+                                                                   blocks=region(j)["blocks"][:1]),
+        "verify_off_block_bytes_2p62": lambda j: region(j).update(block_bytes=(2**62 // slab) * slab,
+                                                                   blocks=region(j)["blocks"][:1]),
+    }
+    for name, edit in cases.items():
+        c.index_lie(name, edit)
+        flip(os.path.join(c.out, "cases", name, "ckpt", "data.h5"), pos, 0x01)
+    # Readers must not block on a non-regular file (issue 25): the data file is a FIFO.
+    d = c.ckpt_case("data_is_fifo")
+    os.unlink(os.path.join(d, "data.h5"))
+    os.mkfifo(os.path.join(d, "data.h5"))
+
+
+def nothing_valid_cases(c):
+    """Directories that hold checkpoints of which none validates: an error that is not "not found"
+    (issue 25: a trainer took that for an empty directory, started at step 0 and overwrote them)."""
+    def damage_all(d):
+        for e in os.listdir(d):
+            meta = os.path.join(d, e, "metadata.json")
+            if os.path.isfile(meta):
+                with open(meta, "wb") as f:
+                    f.write(b"{not json")
+    d = c.latest_case("nothing_valid_no_latest", load="error", verify="error")
+    damage_all(d)
+    c.cases[-1]["refuse_not_found"] = True
+    d = c.latest_case("nothing_valid_latest_missing_target", load="error", verify="error")
+    damage_all(d)
+    with open(os.path.join(d, "latest"), "wb") as f:
+        f.write(b"step-99\n")
+    c.cases[-1]["refuse_not_found"] = True
+    d = c.latest_case("nothing_valid_latest_empty_dir", load="error", verify="error")
+    damage_all(d)
+    os.mkdir(os.path.join(d, "step-99"))
+    with open(os.path.join(d, "latest"), "wb") as f:
+        f.write(b"step-99\n")
+    c.cases[-1]["refuse_not_found"] = True
+    d = c.latest_case("nothing_valid_data_missing", load="error", verify="error")
+    for e in os.listdir(d):
+        if os.path.isfile(os.path.join(d, e, "data.h5")):
+            os.unlink(os.path.join(d, e, "data.h5"))
+    c.cases[-1]["refuse_not_found"] = True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--fixture", required=True, help="output directory of cli_make_fixture")
@@ -547,6 +613,8 @@ def main():
     index_lie_cases(c)
     summary_lie_cases(c)
     latest_cases(c)
+    verification_off_cases(c)
+    nothing_valid_cases(c)
     # The pristine checkpoint, as a control: must load and verify.
     c.ckpt_case("control_pristine", load="ok", verify="ok")
     c.write_manifest()

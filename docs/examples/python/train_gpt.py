@@ -402,8 +402,16 @@ def train(a):
     extra.add_to(sd)
 
     start = 0
-    if a.ckpt_dir and os.path.exists(os.path.join(a.ckpt_dir, "latest")):
-        info = h5ckpt.read_checkpoint_info(a.ckpt_dir)
+    info = None
+    if a.ckpt_dir and os.path.isdir(a.ckpt_dir):
+        try:
+            info = h5ckpt.read_checkpoint_info(a.ckpt_dir)
+        except h5ckpt.Error as e:
+            # Only an empty directory means "start fresh": checkpoints that all fail validation are
+            # an error (training over them would overwrite the evidence).
+            if e.code != h5ckpt.ErrorCode.NOT_FOUND:
+                raise
+    if info is not None:
         t0 = time.perf_counter()
         rep = ckpt.load(sd, info.path)
         zero.refresh_shards()
