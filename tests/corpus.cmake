@@ -80,4 +80,16 @@ if(TARGET h5ckpt-train AND _corpus_python)
             -- ${_train} --hidden 1048576 --heads 1 --kv-heads 1 --ffn 1048576 --vocab 1048576 --layers 1)
   set_tests_properties(corpus_trainer_world_overflow corpus_trainer_out_of_memory PROPERTIES
     LABELS "corpus;mpi" TIMEOUT 120 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  # Damaged checkpoints are never trained over or overwritten (issue 25): the trainer refuses, and
+  # with --start-fresh never writes over what it could not read.
+  foreach(n 1 2)
+    add_test(NAME corpus_trainer_damaged_dir_np${n}
+      COMMAND ${_corpus_python} ${CMAKE_CURRENT_SOURCE_DIR}/corpus/check_trainer_damage.py
+              --work ${CMAKE_CURRENT_BINARY_DIR}/trainer_damage_np${n} --
+              ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${H5CKPT_MPIEXEC_PREFLAGS} --timeout 200
+              $<TARGET_FILE:h5ckpt-train> --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 128
+              --dp ${n})
+    set_tests_properties(corpus_trainer_damaged_dir_np${n} PROPERTIES LABELS "corpus;mpi" PROCESSORS ${n}
+      TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+  endforeach()
 endif()

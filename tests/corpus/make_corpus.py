@@ -572,6 +572,25 @@ def verification_off_cases(c):
     os.mkfifo(os.path.join(d, "data.h5"))
 
 
+def hostile_text_cases(c):
+    """Attribute bytes that are not UTF-8 and control characters (issue 25): a valid checkpoint
+    whose text `inspect` must escape (text and --json, the checkpoint and its directory)."""
+    hostile = b"\xff\xfe not utf-8 \x1b[31m escape \x07 bell \x00 nul"
+    if not c.index["attributes"]:
+        return
+
+    def value(j):
+        k, _ = j["attributes"][0]
+        j["attributes"][0] = (k, hostile)
+
+    def key(j):
+        k, v = j["attributes"][-1]
+        j["attributes"][-1] = (k + b"\xe9\x1b", v)  # still sorted last
+    for name, edit in (("attribute_value_hostile", value), ("attribute_key_hostile", key)):
+        c.index_lie(name, edit, load="ok", verify="ok")
+        c.cases[-1]["text_checks"] = True
+
+
 def nothing_valid_cases(c):
     """Directories that hold checkpoints of which none validates: an error that is not "not found"
     (issue 25: a trainer took that for an empty directory, started at step 0 and overwrote them)."""
@@ -615,6 +634,7 @@ def main():
     latest_cases(c)
     verification_off_cases(c)
     nothing_valid_cases(c)
+    hostile_text_cases(c)
     # The pristine checkpoint, as a control: must load and verify.
     c.ckpt_case("control_pristine", load="ok", verify="ok")
     c.write_manifest()

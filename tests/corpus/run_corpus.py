@@ -7,6 +7,7 @@ it says "ok"). Prints one line per failure and a summary; exits 1 if any case fa
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,6 +20,30 @@ def run(cmd, timeout):
     except subprocess.TimeoutExpired:
         return None, "", time.monotonic() - t0
     return p.returncode, (p.stderr or p.stdout).decode(errors="replace").strip(), time.monotonic() - t0
+
+
+def text_checks(a, c):
+    """`inspect` of a checkpoint with hostile attribute text: JSON that parses, and no raw control
+    byte on a terminal (the text form), for the checkpoint and for its directory."""
+    out = []
+    for target in (c["target"], os.path.dirname(c["target"])):
+        for args in (["--json"], []):
+            cmd = [a.h5ckpt, "inspect"] + args + [target]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=a.timeout)
+            what = "inspect %s %s" % (" ".join(args), c["name"] if target == c["target"] else c["name"] + " (directory)")
+            found = len(out)
+            if p.returncode != 0:
+                out.append("%s: status %d: %s" % (what, p.returncode, p.stderr.decode(errors="replace")[-300:]))
+                continue
+            if args:
+                try:
+                    json.loads(p.stdout.decode("utf-8"))
+                except ValueError as e:
+                    out.append("%s: output is not JSON in UTF-8: %s" % (what, e))
+            elif any(b in p.stdout for b in (b"\x1b", b"\x07", b"\x00")):
+                out.append("%s: raw control characters on the terminal" % what)
+            print("%-8s %-45s %s" % ("text", what[:45], "ok" if len(out) == found else "FAILED"))
+    return out
 
 
 def main():
@@ -48,6 +73,8 @@ def main():
             if why:
                 failures.append("%s %s: %s: %s" % (sub, c["name"], why, msg[-300:]))
             print("%-8s %-45s rc=%s %.2fs %s" % (sub, c["name"], rc, secs, msg.splitlines()[-1][:100] if msg else ""))
+        if c.get("text_checks"):
+            failures += text_checks(a, c)
     for f in failures:
         print("FAIL", f)
     print("%d cases x 2 commands, %d failures; slowest %.2f s (%s)" % (len(cases), len(failures), *slowest))
