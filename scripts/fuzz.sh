@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-30}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(metadata meta_v2 loader_state wire)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(metadata meta_v2 loader_state wire index_records)
 BUILD=${H5CKPT_FUZZ_BUILD_DIR:-build-fuzz}
 CC=${CC:-clang-14}
 CXX=${CXX:-clang++-14}
@@ -34,7 +34,7 @@ status=0
 for t in "${TARGETS[@]}"; do
   seeds=$OUT/seeds/$t
   [ "$t" = metadata ] && seeds=fuzz/seeds/metadata
-  mkdir -p "$OUT/work-$t"
+  mkdir -p "$OUT/work-$t" "$seeds"  # index_records needs no seeds: it builds its checkpoint itself
   echo "== fuzz_$t for ${SECONDS_EACH}s (corpus $OUT/work-$t, seeds $seeds)"
   if ! "$OUT/fuzz_$t" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
       -print_final_stats=1 -artifact_prefix="$OUT/crash-$t-" "$OUT/work-$t" "$seeds" 2>"$OUT/fuzz_$t.log"; then
