@@ -12,6 +12,11 @@ target_include_directories(test_errors PRIVATE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(test_errors PRIVATE ${XXHASH_LIBRARY})
 h5ckpt_add_mpi_test(test_errors LABELS core RANKS 1 2 4 TIMEOUT 300)
 
+# Authenticated checkpoints: refused without the key, with another, tampered, forged, swapped.
+h5ckpt_mpi_test_binary(test_auth test_auth.cpp)
+target_link_libraries(test_auth PRIVATE h5ckpt_test_support)
+h5ckpt_add_mpi_test(test_auth LABELS core RANKS 1 2 TIMEOUT 300)
+
 h5ckpt_mpi_test_binary(test_dtypes test_dtypes.cpp)
 target_link_libraries(test_dtypes PRIVATE h5ckpt_test_support hdf5::hdf5)
 h5ckpt_add_mpi_test(test_dtypes LABELS core RANKS 1 2 4 8 TIMEOUT 300)

@@ -75,6 +75,12 @@ H5CKPT_API Status verify_checkpoint(const CheckpointInfo& info, int part = 0, in
 /// file, or carries the temporary name of a save in flight. False for a directory of checkpoints.
 H5CKPT_API bool is_checkpoint_dir(const std::string& path);
 
+/// Sets the process-wide key of authenticated checkpoints (CheckpointerOptions::auth_key_file)
+/// for the readers here (read_checkpoint_info, verify_checkpoint, CheckpointReader) and for
+/// saves; an empty path turns authentication off. The `h5ckpt` tool sets it from
+/// H5CKPT_AUTH_KEY_FILE or --auth-key-file.
+H5CKPT_API Status set_auth_key_file(const std::string& path);
+
 /// A checkpoint directory found directly under a directory of checkpoints.
 struct CheckpointDirEntry {
   std::string name;          ///< directory name, e.g. "step-00000020"

@@ -133,6 +133,14 @@ struct CheckpointerOptions {
   /// Local checkpoints each node keeps (the newest by step); older ones are deleted after each
   /// local commit.
   int64_t local_keep = 2;
+  /// Authenticated checkpoints (docs/user-guide.md, "Authenticated checkpoints"): a file of at
+  /// least 16 secret bytes, the same on every rank. Saves then sign the summary, every index
+  /// table and every verification block with a keyed MAC (BLAKE2b), and loads and verify refuse
+  /// what is unauthenticated, tampered with or made with another key. Empty: no key (xxh3 only,
+  /// which guards against accidents, not against someone who can write the files). Process-wide,
+  /// like timeout_s: the last Checkpointer constructed with a key file sets it (see also
+  /// set_auth_key_file).
+  std::string auth_key_file;
 };
 
 /// Per-call figures of this rank.

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/local_level.h"
 #include "engine/memory_budget.h"
+#include "storage/auth.h"
 #include "storage/local_store.h"
 #include "metrics/log.h"
 
@@ -28,6 +29,7 @@ struct Checkpointer::Impl {
   engine::PlanCache plan_cache;
   engine::LoadPlanCache load_cache;
   std::map<std::string, std::string> attributes;
+  Status auth;  // loading auth_key_file, agreed at each save and load
   engine::MemoryBudget budget;  // before `pool`, whose capacity is leased from it
   engine::StagingPool pool;  // declared before `async`, which uses it until it is destroyed
   engine::DeviceLink device_link;
@@ -64,7 +66,30 @@ struct Checkpointer::Impl {
 Checkpointer::Checkpointer(const Topology& topology, const CheckpointerOptions& options)
     : impl_(std::make_unique<Impl>(topology, options)) {
   comm::set_timeout(options.timeout_s);  // process-wide: the byte collectives read it (comm/deadline.h)
+  if (!options.auth_key_file.empty()) impl_->auth = storage::auth::configure(options.auth_key_file);
 }
+
+namespace {
+// With a key file: every rank loaded one, and the same (a rank signing with another key would
+// write blocks no reader accepts). Collective; without a key file nothing is exchanged.
+Status agree_on_key(const CheckpointerOptions& options, const Status& loaded, MPI_Comm world) {
+  if (options.auth_key_file.empty()) return Status::Ok();
+  Status local = loaded.ok() && !storage::auth::enabled()
+                     ? Status(ErrorCode::kInvalidArgument, "the key was turned off after this Checkpointer set it")
+                     : loaded;
+  const std::string id = storage::auth::key_id();
+  int flags[2] = {0, 0};
+  if (local.ok() && id.size() >= 7) {
+    flags[0] = static_cast<int>(std::stoul(id.substr(0, 7), nullptr, 16));
+    flags[1] = -flags[0];
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::agree(local, world, flags, 2));
+  if (flags[0] != -flags[1])
+    return Status(ErrorCode::kInvalidArgument, "auth_key_file '" + options.auth_key_file +
+                                                   "' holds different keys on different ranks");
+  return Status::Ok();
+}
+}  // namespace
 Checkpointer::~Checkpointer() = default;
 
 void Checkpointer::wait_pending() {
@@ -90,6 +115,7 @@ void Checkpointer::reset_memory_peak() {
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
   // The same check, before any communication, on every rank: a budget too small fails at once.
   H5CKPT_RETURN_IF_ERROR(engine::check_memory_bytes(impl_->options.memory_bytes).with_context("save '" + path + "'"));
+  H5CKPT_RETURN_IF_ERROR(agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("save '" + path + "'"));
   wait_pending();
   impl_->resolved.reset();
   if (impl_->local()) {
@@ -116,6 +142,8 @@ Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::s
                                             const SaveOptions& options) {
   H5CKPT_RETURN_IF_ERROR(
       engine::check_memory_bytes(impl_->options.memory_bytes).with_context("save_async '" + path + "'"));
+  H5CKPT_RETURN_IF_ERROR(
+      agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("save_async '" + path + "'"));
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_MULTIPLE && impl_->options.async) {
@@ -173,6 +201,7 @@ Result<ResolvedCheckpoint> Checkpointer::resolve(const std::string& path) {
 
 Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
   H5CKPT_RETURN_IF_ERROR(engine::check_memory_bytes(impl_->options.memory_bytes).with_context("load '" + path + "'"));
+  H5CKPT_RETURN_IF_ERROR(agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("load '" + path + "'"));
   wait_pending();
   if (impl_->local()) {
     // The answer of a resolve() of this path right before, else a fresh one; used once, so a later

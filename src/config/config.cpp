@@ -69,6 +69,8 @@ const KeyDef kKeys[] = {
      [](Config& c, const Value& v) { c.checkpointer.local_replicas = static_cast<int>(std::min<uint64_t>(u(v), 1u << 20)); }},
     {"checkpointer", "persist_every", "H5CKPT_PERSIST_EVERY", Kind::kCount,
      [](Config& c, const Value& v) { c.checkpointer.persist_every = static_cast<int64_t>(u(v)); }},
+    {"checkpointer", "auth_key_file", "H5CKPT_AUTH_KEY_FILE", Kind::kString,
+     [](Config& c, const Value& v) { c.checkpointer.auth_key_file = s(v); }},
     {"checkpointer", "local_keep", "H5CKPT_LOCAL_KEEP", Kind::kCount,
      [](Config& c, const Value& v) { c.checkpointer.local_keep = static_cast<int64_t>(u(v)); }},
     {"save", "checksums", "H5CKPT_CHECKSUMS", Kind::kBool, [](Config& c, const Value& v) { c.save.checksums = b(v); }},

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 
+#include "storage/auth.h"
 #include "storage/commit.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
@@ -25,6 +26,8 @@ Result<storage::OpenedCheckpoint> storage::open_checkpoint(const std::string& pa
   info.data_file = fs::absolute(data).string();
   return OpenedCheckpoint{std::move(info), std::move(reader)};
 }
+
+Status set_auth_key_file(const std::string& path) { return storage::auth::configure(path); }
 
 const TensorInfo* CheckpointInfo::find(const std::string& key) const {
   auto it = std::lower_bound(tensors.begin(), tensors.end(), key,

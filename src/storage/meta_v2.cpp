@@ -10,6 +10,7 @@
 #include "planner/save_planner.h"
 #include "storage/metadata.h"
 #include "storage/region_reader.h"
+#include "storage/auth.h"
 #include "storage/signed_json.h"
 #include "storage/verify_blocks.h"
 #include "util/checked_math.h"
@@ -50,6 +51,12 @@ std::string quoted_table(Table t) { return std::string("table '") + table_name(t
 
 // `a + b <= limit` without overflow.
 bool fits(uint64_t a, uint64_t b, uint64_t limit) { return a <= limit && b <= limit - a; }
+
+// A table's sum in the summary: xxh3, or with a key a MAC bound to the table's place (tables
+// cannot be swapped for one another).
+uint64_t table_digest(size_t table, const void* bytes, uint64_t size) {
+  return auth::enabled() ? auth::tag64(0x7461626c65000000ull | table, bytes, size) : checksum_bytes(bytes, size);
+}
 
 template <class Record>
 void append_record(std::vector<char>& table, const Record& r) {
@@ -143,6 +150,7 @@ Result<Summary> parse_summary(const std::string& text) {
   const auto checksums = j.find("checksums");
   if (checksums == j.end() || !checksums->is_boolean()) return corrupt("'checksums' is not a boolean");
   s.checksums = checksums->get<bool>();
+  if (j.contains("auth") && !s.checksums) return corrupt("an authenticated summary without checksums");
 
   const auto tables = j.find("tables");
   if (tables == j.end() || !tables->is_object()) return corrupt("missing table list");
@@ -319,10 +327,13 @@ Result<Encoded> encode(const CheckpointInfo& info) {
   s.saved_sizes = info.saved_sizes;
   s.world = static_cast<int64_t>(info.saved_coords.size());
   s.checksums = all_blocks;
+  // An authenticated checkpoint has no unauthenticated bytes.
+  if (auth::enabled() && !all_blocks)
+    return invalid("a key is configured (auth_key_file): every region must have checksums (save.checksums)");
   for (size_t i = 0; i < kTableCount; ++i) {
     out.records[i] = out.tables[i].size() / kRecordBytes[i];
     s.tables[i] = TableRef{-1, out.tables[i].size(), out.records[i],
-                           checksum_bytes(out.tables[i].data(), out.tables[i].size())};
+                           table_digest(i, out.tables[i].data(), out.tables[i].size())};
   }
   return out;
 }
@@ -356,7 +367,7 @@ Result<Index> Index::open(const Summary& summary, const void* image, size_t size
   if (validate)
     for (size_t i = 0; i < kTableCount; ++i) {
       const Table t = static_cast<Table>(i);
-      if (checksum_bytes(index.table_bytes(t), summary.tables[i].bytes) != summary.tables[i].xxh3)
+      if (table_digest(i, index.table_bytes(t), summary.tables[i].bytes) != summary.tables[i].xxh3)
         return corrupt(quoted_table(t) + " fails its checksum (the index in the data file was modified or damaged)");
     }
   H5CKPT_RETURN_IF_ERROR(index.check_structure());

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 
+#include "storage/auth.h"
 #include "storage/metadata.h"
+#include "util/checked_math.h"
 
 namespace h5ckpt::storage {
 
@@ -64,6 +66,27 @@ Result<json> parse_signed_json(const std::string& text) {
     return corrupt("nested deeper than " + std::to_string(kMaxNesting) + " levels (damaged or hostile file)");
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return corrupt("not valid JSON (truncated or damaged file?)");
+  // Authenticated (docs/format.md §12): a MAC under the configured key instead of the xxh3, and
+  // nothing else is accepted while a key is configured.
+  if (auto a = j.find("auth"); a != j.end()) {
+    const std::string id = a->is_object() && a->contains("key_id") && (*a)["key_id"].is_string()
+                               ? (*a)["key_id"].get<std::string>()
+                               : std::string("?");
+    if (!auth::enabled())
+      return corrupt("authenticated with key " + printable(id) +
+                     "; configure that key (auth_key_file / H5CKPT_AUTH_KEY_FILE) to read it");
+    if (id != auth::key_id())
+      return corrupt("authenticated with key " + printable(id) + ", not with the configured key " + auth::key_id());
+    auto mac = j.find("index_mac");
+    if (mac == j.end() || !mac->is_string()) return corrupt("authenticated, but without its index_mac");
+    const std::string stored_mac = mac->get<std::string>();
+    j.erase("index_mac");
+    if (!auth::equal_tags(stored_mac, auth::tag256_hex(dump_canonical(j))))
+      return corrupt("authentication failed: the metadata was modified, or was not written with this key");
+    return j;
+  }
+  if (auth::enabled())
+    return corrupt("not authenticated, and a key is configured (auth_key_file): refused");
   uint64_t stored = 0;
   auto sum = j.find("index_xxh3");
   if (sum == j.end() || !sum->is_string()) return corrupt("missing index_xxh3 checksum");
@@ -78,6 +101,11 @@ Result<json> parse_signed_json(const std::string& text) {
 std::string dump_signed_json(json j) {
   // Invalid UTF-8 (only possible in caller attributes) is replaced rather than thrown: an
   // exception here would leave the other ranks waiting in the commit agreement.
+  if (auth::enabled()) {
+    j["auth"] = {{"alg", "blake2b-keyed"}, {"key_id", auth::key_id()}};
+    j["index_mac"] = auth::tag256_hex(dump_canonical(j));
+    return dump_canonical(j);
+  }
   const std::string body = dump_canonical(j);
   j["index_xxh3"] = hex64(checksum_bytes(body.data(), body.size()));
   return dump_canonical(j);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "storage/auth.h"
 #include "util/checked_math.h"
 #include "util/dtype_convert.h"
 
@@ -35,7 +36,8 @@ uint64_t region_identity(const std::string& key, DType dtype, const Shape& shape
 
 uint64_t block_checksum(uint64_t identity, uint64_t block_index, const void* data, uint64_t size) {
   // The index is folded into the seed with a multiplier so neighbouring blocks get unrelated seeds.
-  return XXH3_64bits_withSeed(data, size, identity ^ (block_index * 0x9E3779B97F4A7C15ull));
+  const uint64_t seed = identity ^ (block_index * 0x9E3779B97F4A7C15ull);
+  return auth::enabled() ? auth::tag64(seed, data, size) : XXH3_64bits_withSeed(data, size, seed);
 }
 
 BlockHasher::BlockHasher(uint64_t identity, uint64_t block_bytes, uint64_t region_bytes)
@@ -47,8 +49,9 @@ BlockHasher::BlockHasher(uint64_t identity, uint64_t block_bytes, uint64_t regio
 BlockHasher::~BlockHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 
 void BlockHasher::start_block() {
-  XXH3_64bits_reset_withSeed(static_cast<XXH3_state_t*>(state_),
-                             identity_ ^ (static_cast<uint64_t>(sums_.size()) * 0x9E3779B97F4A7C15ull));
+  const uint64_t seed = identity_ ^ (static_cast<uint64_t>(sums_.size()) * 0x9E3779B97F4A7C15ull);
+  if (auth::enabled()) mac_.emplace(seed);
+  else XXH3_64bits_reset_withSeed(static_cast<XXH3_state_t*>(state_), seed);
   in_block_ = 0;
 }
 
@@ -57,13 +60,14 @@ void BlockHasher::update(const void* data, uint64_t size) {
   auto* st = static_cast<XXH3_state_t*>(state_);
   while (size > 0) {
     const uint64_t n = std::min(size, block_bytes_ - in_block_);
-    XXH3_64bits_update(st, p, n);
+    if (mac_) mac_->update(p, n);
+    else XXH3_64bits_update(st, p, n);
     p += n;
     size -= n;
     in_block_ += n;
     seen_ += n;
     if (in_block_ == block_bytes_) {
-      sums_.push_back(XXH3_64bits_digest(st));
+      sums_.push_back(mac_ ? mac_->final() : XXH3_64bits_digest(st));
       start_block();
     }
   }
@@ -71,7 +75,7 @@ void BlockHasher::update(const void* data, uint64_t size) {
 
 std::vector<uint64_t> BlockHasher::finish() {
   if (in_block_ > 0) {
-    sums_.push_back(XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)));
+    sums_.push_back(mac_ ? mac_->final() : XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)));
     start_block();
   }
   return std::move(sums_);
