@@ -208,6 +208,7 @@ def init_torch_dist():
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     port = W.bcast(port)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # no network there: gloo over loopback
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=R, world_size=N)
 
 
@@ -275,3 +276,7 @@ if dtensor_api():
 elif R == 0:
     print(f"skip real DTensors: torch {torch.__version__} has no torch.distributed.tensor (needs >= 2.4)", flush=True)
 run(W, tests, f"dtensor tests at {N} ranks (torch {torch.__version__}): all passed", before=setup)
+if dtensor_api():
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
