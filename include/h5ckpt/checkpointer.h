@@ -83,7 +83,8 @@ struct LoadOptions {
   LoadStrictness strictness = LoadStrictness::kIgnoreUnexpected;
   /// Check the request against the checkpoint and return the report with every list filled
   /// (missing_keys, unexpected_keys, shape_mismatches, dtype_mismatches) without reading a byte
-  /// of tensor data; problems do not fail the call. Collective like a load.
+  /// of tensor data; problems do not fail the call. Collective like a load. Shared-level
+  /// checkpoints only: where the load would read a node-local checkpoint it fails (kInvalidArgument).
   bool check_only = false;
 };
 
