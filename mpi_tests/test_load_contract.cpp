@@ -92,22 +92,23 @@ TEST_F(LoadContract, OneErrorNamesEveryProblem) {
   std::vector<float> a(static_cast<size_t>(rows().numel()), -7.0f);
   std::vector<float> wide(kRows * 8), n9(9), c(3), d(3), e(3);
   std::vector<int32_t> n_as_int(5);
-  sd.add("model/a", DType::kF32, {kRows, kCols}, rows(), a.data());                   // fine
-  sd.add_replicated("model/b", DType::kF32, {kRows, 8}, wide.data());                // shape mismatch
-  sd.add_replicated("opt/k0", DType::kF32, {9}, n9.data());                          // shape mismatch
-  sd.add_replicated("model/n", DType::kI32, {5}, n_as_int.data());                   // dtype refused
-  sd.add_replicated("model/c", DType::kF32, {3}, c.data());                          // missing
-  sd.add_replicated("model/d", DType::kF32, {3}, d.data());                          // missing
-  sd.add_replicated("model/e", DType::kF32, {3}, e.data());                          // missing
+  sd.add("model/a", DType::kF32, {kRows, kCols}, rows(), a.data());    // fine
+  sd.add_replicated("model/b", DType::kF32, {kRows, 8}, wide.data());  // shape mismatch
+  sd.add_replicated("opt/k0", DType::kF32, {9}, n9.data());            // shape mismatch
+  sd.add_replicated("model/n", DType::kI32, {5}, n_as_int.data());     // dtype refused
+  sd.add_replicated("model/c", DType::kF32, {3}, c.data());            // missing
+  sd.add_replicated("model/d", DType::kF32, {3}, d.data());            // missing
+  sd.add_replicated("model/e", DType::kF32, {3}, e.data());            // missing
   auto r = ck.load(sd, good());
   ASSERT_FALSE(r.ok());
   const std::string msg = r.status().to_string();
   EXPECT_EQ(r.status().code(), ErrorCode::kNotFound) << msg;
-  for (const char* part : {"3 keys missing from the checkpoint: 'model/c', 'model/d', 'model/e'",
-                           "2 shape mismatches: ", "'model/b': checkpoint has global shape [12,6], the state wants [12,8]",
-                           "'opt/k0': checkpoint has global shape [4], the state wants [9]", "1 dtype refused: ",
-                           "'model/n': checkpoint holds f32, the state wants i32",
-                           "2 keys in the checkpoint the state does not ask for (not an error): 'opt/k1', 'opt/k2'"})
+  for (const char* part :
+       {"3 keys missing from the checkpoint: 'model/c', 'model/d', 'model/e'",
+        "2 shape mismatches: ", "'model/b': checkpoint has global shape [12,6], the state wants [12,8]",
+        "'opt/k0': checkpoint has global shape [4], the state wants [9]",
+        "1 dtype refused: ", "'model/n': checkpoint holds f32, the state wants i32",
+        "2 keys in the checkpoint the state does not ask for (not an error): 'opt/k1', 'opt/k2'"})
     EXPECT_TRUE(has(msg, part)) << "missing \"" << part << "\" in: " << msg;
   expect_same_on_all_ranks(msg);
   for (float x : a) ASSERT_EQ(x, -7.0f) << "a failing load wrote into a buffer";
@@ -238,7 +239,11 @@ TEST_F(LoadContract, StrictnessModes) {
   EXPECT_EQ(strict_default.status().code(), ErrorCode::kNotFound);
   LoadOptions allow;
   allow.strictness = LoadStrictness::kAllowMissing;
-  for (const LoadOptions& o : {allow, [] { LoadOptions l; l.strict = false; return l; }()}) {
+  for (const LoadOptions& o : {allow, [] {
+                                 LoadOptions l;
+                                 l.strict = false;
+                                 return l;
+                               }()}) {
     std::fill(a.begin(), a.end(), 0.0f);
     auto lax = ck.load(with_missing, good(), o);
     ASSERT_TRUE(lax.ok()) << lax.status().to_string();
@@ -300,7 +305,7 @@ TEST_F(LoadContract, UnmakeableParentIsAClearError) {
   ASSERT_FALSE(blocked.ok());
   const std::string m1 = blocked.status().to_string();
   EXPECT_TRUE(has(m1, "creating the parent directories of '" + root_ + "/plain_file/sub/step-1': '" + root_ +
-                      "/plain_file' exists and is not a directory"))
+                          "/plain_file' exists and is not a directory"))
       << m1;
   expect_same_on_all_ranks(m1);
 

@@ -18,14 +18,13 @@ TEST(LoadContractUnit, EachKindOfProblem) {
   const Shape s46{4, 6}, s48{4, 8}, s56{5, 6}, s3{3};
   const StoredTensor f32_46{DType::kF32, s46, 0}, i32_3{DType::kI32, s3, 0};
   const std::string a = "a", b = "b", c = "c", d = "d", e = "e";
-  const LoadContract got = check({{&f32_46, {a, DType::kF32, s46, false}},    // fine
-                                  {&f32_46, {b, DType::kF32, s48, false}},    // shape
-                                  {&f32_46, {c, DType::kBF16, s56, true}},    // padded rows: fine, bf16 converts
-                                  {&i32_3, {d, DType::kF32, s3, false}},      // int -> float refused
-                                  {nullptr, {e, DType::kF32, s3, false}}});   // missing
+  const LoadContract got = check({{&f32_46, {a, DType::kF32, s46, false}},   // fine
+                                  {&f32_46, {b, DType::kF32, s48, false}},   // shape
+                                  {&f32_46, {c, DType::kBF16, s56, true}},   // padded rows: fine, bf16 converts
+                                  {&i32_3, {d, DType::kF32, s3, false}},     // int -> float refused
+                                  {nullptr, {e, DType::kF32, s3, false}}});  // missing
   EXPECT_EQ(got.missing, std::vector<std::string>{"e"});
-  EXPECT_EQ(got.shape,
-            std::vector<std::string>{"'b': checkpoint has global shape [4,6], the state wants [4,8]"});
+  EXPECT_EQ(got.shape, std::vector<std::string>{"'b': checkpoint has global shape [4,6], the state wants [4,8]"});
   EXPECT_EQ(got.dtype, std::vector<std::string>{"'d': checkpoint holds i32, the state wants f32"});
   // Without conversion a float dtype change is refused too, and says why.
   const LoadContract strict_types = check({{&f32_46, {c, DType::kBF16, s46, false}}}, false);

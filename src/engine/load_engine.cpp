@@ -298,7 +298,10 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   if (*replan) {
     // A rank whose own request was cached checked it last time: its skips come from the cache.
     for (size_t i = 0; i < run.wants.size() && i < cache.skips.size(); ++i) run.wants[i].skip = cache.skips[i] != 0;
-    H5CKPT_RETURN_IF_ERROR(settle_contract(run));
+    if (Status settled = settle_contract(run); !settled.ok()) {
+      cache = LoadPlanCache{};  // never reused with a contract that was not settled
+      return settled;
+    }
   }
   return Status::Ok();
 }

@@ -24,10 +24,9 @@ bool check_contract_item(const StoredTensor* stored, const ContractItem& item, b
     bool padded = item.allow_shape_mismatch && s.size() == w.size() && !s.empty() && s[0] > 0 && w[0] > 0;
     for (size_t d = 1; padded && d < s.size(); ++d) padded = s[d] == w[d];
     if (!padded)
-      out->shape.push_back(name + ": checkpoint has global shape " + to_string_shape(s) + ", the state wants " +
-                           to_string_shape(w) +
-                           (item.allow_shape_mismatch ? " (allow_shape_mismatch lets only a non-empty dimension 0 differ)"
-                                                      : ""));
+      out->shape.push_back(
+          name + ": checkpoint has global shape " + to_string_shape(s) + ", the state wants " + to_string_shape(w) +
+          (item.allow_shape_mismatch ? " (allow_shape_mismatch lets only a non-empty dimension 0 differ)" : ""));
   }
   return true;
 }
@@ -110,7 +109,7 @@ Status contract_status(const LoadContract& c, bool fail_missing, bool fail_unexp
   const bool missing = fail_missing && !c.missing.empty();
   const bool unexpected = fail_unexpected && !c.unexpected.empty();
   if (!missing && c.shape.empty() && c.dtype.empty() && !unexpected) return Status::Ok();
-  const ErrorCode code = missing              ? ErrorCode::kNotFound
+  const ErrorCode code = missing            ? ErrorCode::kNotFound
                          : !c.shape.empty() ? ErrorCode::kShapeMismatch
                          : !c.dtype.empty() ? ErrorCode::kDtypeMismatch
                                             : ErrorCode::kInvalidArgument;

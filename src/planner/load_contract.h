@@ -53,7 +53,6 @@ constexpr size_t kContractShown = 10;
 /// keys when `fail_missing`, unexpected keys when `fail_unexpected`. The code is that of the first
 /// failing kind in the order missing (kNotFound), shape (kShapeMismatch), dtype (kDtypeMismatch),
 /// unexpected (kInvalidArgument).
-Status contract_status(const LoadContract& c, bool fail_missing, bool fail_unexpected,
-                       size_t shown = kContractShown);
+Status contract_status(const LoadContract& c, bool fail_missing, bool fail_unexpected, size_t shown = kContractShown);
 
 }  // namespace h5ckpt::planner
