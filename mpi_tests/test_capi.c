@@ -197,6 +197,39 @@ static void load_dp_layout(const char* path) {
   OK(h5ckpt_load(ck, st, path, 0));
   CHECK(extra[0] == 7 && extra[1] == 7 && extra[2] == 7, "missing key's buffer untouched");
 
+  /* strictness through the options struct */
+  h5ckpt_load_options_t lo;
+  h5ckpt_load_options_init(&lo);
+  CHECK(lo.strictness == H5CKPT_STRICT_IGNORE_UNEXPECTED, "strictness default %d", lo.strictness);
+  lo.strictness = H5CKPT_STRICT_ALLOW_MISSING;
+  OK(h5ckpt_load_with_options(ck, st, path, &lo));
+  CHECK(extra[0] == 7 && extra[1] == 7 && extra[2] == 7, "allow_missing: missing key's buffer untouched");
+  lo.strictness = H5CKPT_STRICT_RAISE_ALL;
+  rc = h5ckpt_load_with_options(ck, st, path, &lo);
+  CHECK(rc == H5CKPT_NOT_FOUND, "raise_all with a missing key -> %d (%s)", rc, h5ckpt_last_error());
+  CHECK(strstr(h5ckpt_last_error(), "1 key missing from the checkpoint: 'model/missing'") != NULL, "text: %s",
+        h5ckpt_last_error());
+  lo.strictness = 7;
+  rc = h5ckpt_load_with_options(ck, st, path, &lo);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT, "strictness 7 -> %d (%s)", rc, h5ckpt_last_error());
+  /* model/b alone: the four other keys are unexpected, an error only with raise_all */
+  h5ckpt_state_t* only_b = NULL;
+  double bb[13];
+  for (int k = 0; k < 13; ++k) bb[k] = -5.0;
+  OK(h5ckpt_state_create(&only_b));
+  OK(h5ckpt_state_add_replicated(only_b, "model/b", H5CKPT_F64, 1, b_shape, bb));
+  lo.strictness = H5CKPT_STRICT_RAISE_ALL;
+  rc = h5ckpt_load_with_options(ck, only_b, path, &lo);
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT, "raise_all with unexpected keys -> %d (%s)", rc, h5ckpt_last_error());
+  CHECK(strstr(h5ckpt_last_error(), "4 keys in the checkpoint the state does not ask for: 'extra/blob', "
+                                    "'model/h_bf16', 'model/w', 'optimizer/m'") != NULL,
+        "text: %s", h5ckpt_last_error());
+  CHECK(bb[0] == -5.0 && bb[12] == -5.0, "a failing load wrote into a buffer");
+  lo.strictness = H5CKPT_STRICT_IGNORE_UNEXPECTED;
+  OK(h5ckpt_load_with_options(ck, only_b, path, &lo));
+  CHECK(memcmp(bb, b, sizeof bb) == 0, "model/b loaded alone equals model/b loaded with the rest");
+  h5ckpt_state_free(only_b);
+
   h5ckpt_state_free(st);
   h5ckpt_checkpointer_free(ck);
   h5ckpt_topology_free(topo);

@@ -38,7 +38,15 @@
 #
 # `scripts/gpu_check.sh --configure-only` stops after configuring (to check the procedure on a
 # machine without a GPU). Variables: RANKS (default "1 2"), PREFIX (/opt/deb), JOBS (nproc), BUILD (build-gpu),
-# DEADLINE_CHECK (1; 0 skips it), CTEST_TIMEOUT (240 s per test).
+# DEADLINE_CHECK (1; 0 skips it), CTEST_TIMEOUT (240 s per test), GPU_TESTS (1; 0 skips building and
+# running test_gpu/test_device), PYTHON_TESTS (1; 0 skips the Python module).
+#
+# Python (PYTHON_TESTS=1): the module is built for the machine's own `python3` (3.12 with torch 2.11;
+# pybind11 and mpi4py from its pip packages: pybind11's CMake directory from `python3 -m pybind11
+# --cmakedir`) and mpi_tests/python/test_torch_dtensor.py runs under mpirun at PY_RANKS (default
+# "1 2 4") ranks: real DTensors on 2-D meshes saved and loaded into another mesh, CPU and CUDA local
+# tensors, element by element (log: python.log). A missing Python.h, pybind11 or mpi4py shows in
+# configure.log ("Python module not built") and fails this step.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PKGDIR=$ROOT/.devpkgs
@@ -160,24 +168,48 @@ note "setup: $(grep '^relocation:\|mpirun still fails' "$LOGS/setup.log" | tail 
 
 # --- 4. configure and build only what is needed ---------------------------------------------
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+PY_ARGS=()
+if [[ ${PYTHON_TESTS:-1} == 1 ]]; then
+  PY=$(command -v python3)
+  PY_ARGS=(-DH5CKPT_PYTHON_EXECUTABLE="$PY")
+  PYBIND_DIR=$("$PY" -m pybind11 --cmakedir 2>/dev/null) && PY_ARGS+=(-Dpybind11_DIR="$PYBIND_DIR")
+fi
 step "configure"
 if ! cmake "${GEN[@]}" -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DH5CKPT_BUILD_PERF=OFF \
     -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DHDF5_ROOT="$L/hdf5/openmpi" -DCUDAToolkit_ROOT=/usr/local/cuda \
     -DNCCL_LIBRARY="$PREFIX/nccl/lib/libnccl.so" -DNCCL_INCLUDE_DIR="$NCCL_INC" \
     -DCMAKE_CXX_FLAGS="-isystem $NCCL_INC -include cstdint" -DMPIEXEC_EXECUTABLE="$PREFIX/usr/bin/mpiexec" \
-    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >"$LOGS/configure.log" 2>&1; then
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 "${PY_ARGS[@]}" >"$LOGS/configure.log" 2>&1; then
   note "configure: FAILED (configure.log)"; tail -40 "$LOGS/configure.log"; cat "$SUMMARY"; exit 1
 fi
 grep -E "h5ckpt: CUDA|Found MPI_CXX|Found HDF5" "$LOGS/configure.log" | tee -a "$SUMMARY"
 [[ ${1:-} == --configure-only ]] && { echo "gpu_check: configured $BUILD"; exit 0; }
+grep -E "h5ckpt: Python module" "$LOGS/configure.log" | tee -a "$SUMMARY"
 step "build"
+TARGETS=()
+[[ ${GPU_TESTS:-1} == 1 ]] && TARGETS+=(test_gpu test_device)
+[[ ${PYTHON_TESTS:-1} == 1 ]] && TARGETS+=(h5ckpt_python h5ckpt_python_files)
 t0=$(date +%s)
-if ! cmake --build "$BUILD" -j "$JOBS" --target test_gpu test_device >"$LOGS/build.log" 2>&1; then
+if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >"$LOGS/build.log" 2>&1; then
   note "build: FAILED (build.log)"; grep -E "error|Error" "$LOGS/build.log" | head -40; cat "$SUMMARY"; exit 1
 fi
-note "build: test_gpu test_device in $(($(date +%s) - t0)) s"
+note "build: ${TARGETS[*]} in $(($(date +%s) - t0)) s"
 
 # --- 5. the tests -----------------------------------------------------------------------------
+if [[ ${PYTHON_TESTS:-1} == 1 ]]; then
+  step "python: DTensor save/load"
+  : >"$LOGS/python.log"
+  for n in ${PY_RANKS:-1 2 4}; do
+    t0=$(date +%s)
+    PYTHONPATH=$BUILD/python OMP_NUM_THREADS=1 timeout -s KILL 240 "${MPIRUN[@]}" -np "$n" --timeout 230 \
+      "$PY" "$ROOT/mpi_tests/python/test_torch_dtensor.py" "$BUILD/tmp-dtensor-np$n" >>"$LOGS/python.log" 2>&1
+    rc=$?
+    note "python test_torch_dtensor.py at $n ranks: exit $rc in $(($(date +%s) - t0)) s"
+    ((rc == 0)) || failed=1
+  done
+  grep -E "^(ok|skip|FAIL)|all passed|Error|error" "$LOGS/python.log" | sort | uniq -c | tee -a "$SUMMARY"
+fi
+if [[ ${GPU_TESTS:-1} == 1 ]]; then
 step "ctest"
 re="^(test_gpu|test_device)_np($(echo $RANKS | tr ' ' '|'))\$"
 t0=$(date +%s)
@@ -187,8 +219,9 @@ note "ctest -R '$re': exit $rc in $(($(date +%s) - t0)) s"
 grep -E "^[0-9]+/[0-9]+ Test|tests passed|\[env\]|\[nccl\]|FAILED|Failure|\[  SKIPPED \]|transport" "$LOGS/ctest.log" |
   grep -v "^[0-9]*: \[ RUN" | sort -u | tee -a "$SUMMARY"
 ((rc == 0)) || failed=1
+fi
 
-if [[ ${DEADLINE_CHECK:-1} == 1 ]]; then
+if [[ ${GPU_TESTS:-1} == 1 && ${DEADLINE_CHECK:-1} == 1 ]]; then
   step "NCCL set-up deadline"
   t0=$(date +%s)
   timeout -s KILL 150 "${MPIRUN[@]}" -np 2 -x H5CKPT_GPU_TEST_STOP_RANK=1 \

@@ -79,6 +79,7 @@ void expect_defaults(const Config& c) {
   EXPECT_EQ(c.save.overwrite, so.overwrite);
   EXPECT_EQ(c.save.update_latest, so.update_latest);
   EXPECT_EQ(c.load.strict, lo.strict);
+  EXPECT_EQ(c.load.strictness, lo.strictness);
   EXPECT_EQ(c.load.convert_dtype, lo.convert_dtype);
   EXPECT_EQ(c.load.verify_checksums, lo.verify_checksums);
   EXPECT_EQ(c.load.zero_redundancy, lo.zero_redundancy);
@@ -112,6 +113,7 @@ update_latest = false
 
 [load]
 strict = false
+strictness = "Raise_All"
 convert_dtype = false
 verify_checksums = true
 zero_redundancy = false
@@ -144,6 +146,7 @@ dir = "/tmp/metrics here"
   EXPECT_TRUE(c.save.overwrite);
   EXPECT_FALSE(c.save.update_latest);
   EXPECT_FALSE(c.load.strict);
+  EXPECT_EQ(c.load.strictness, LoadStrictness::kRaiseAll);
   EXPECT_FALSE(c.load.convert_dtype);
   EXPECT_TRUE(c.load.verify_checksums);
   EXPECT_FALSE(c.load.zero_redundancy);
@@ -210,6 +213,9 @@ TEST_F(ConfigTest, FileErrorsNameKeyFileAndLine) {
       {"[checkpointer]\nio_threads = 0\n", {"f.toml:2:", "checkpointer.io_threads", "from 1 to 1024"}},
       {"[checkpointer]\nio_threads = \"4\"\n", {"f.toml:2:", "checkpointer.io_threads", "an integer"}},
       {"[logging]\nlevel = \"verbose\"\n", {"f.toml:2:", "logging.level", "unknown log level \"verbose\""}},
+      {"[load]\nstrictness = \"lenient\"\n",
+       {"f.toml:2:", "load.strictness", "unknown strictness \"lenient\"", "ignore_unexpected, raise_all, allow_missing"}},
+      {"[load]\nstrictness = 1\n", {"f.toml:2:", "load.strictness", "an integer"}},
       {"[mpi_hints]\ncb_nodes = 4.5\n", {"f.toml:2:", "mpi_hints.cb_nodes", "floating-point"}},
       {"[metrics]\ndir = 3\n", {"f.toml:2:", "metrics.dir", "expected a string"}},
       {"[save]\nchecksums = true\n[save]\n", {"f.toml:3:", "TOML syntax error"}},
@@ -244,6 +250,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariable) {
   setenv("H5CKPT_OVERWRITE", "YES", 1);
   setenv("H5CKPT_UPDATE_LATEST", "false", 1);
   setenv("H5CKPT_LOAD_STRICT", "no", 1);
+  setenv("H5CKPT_LOAD_STRICTNESS", " allow_missing ", 1);
   setenv("H5CKPT_CONVERT_DTYPE", "0", 1);
   setenv("H5CKPT_VERIFY_CHECKSUMS", "1", 1);
   setenv("H5CKPT_ZERO_REDUNDANCY", "off", 1);
@@ -264,6 +271,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariable) {
   EXPECT_TRUE(c.save.overwrite);
   EXPECT_FALSE(c.save.update_latest);
   EXPECT_FALSE(c.load.strict);
+  EXPECT_EQ(c.load.strictness, LoadStrictness::kAllowMissing);
   EXPECT_FALSE(c.load.convert_dtype);
   EXPECT_TRUE(c.load.verify_checksums);
   EXPECT_FALSE(c.load.zero_redundancy);
@@ -277,6 +285,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariable) {
 TEST_F(ConfigTest, EnvironmentErrorsNameTheVariableAndLeaveConfigUnchanged) {
   const std::pair<std::pair<const char*, const char*>, const char*> cases[] = {
       {{"H5CKPT_ASYNC", "maybe"}, "expected a boolean"},
+      {{"H5CKPT_LOAD_STRICTNESS", "strict"}, "unknown strictness \"strict\""},
       {{"H5CKPT_STAGING_BYTES", "-1"}, "negative"},
       {{"H5CKPT_STAGING_BYTES", "1.5GB "}, ""},  // valid: trailing blank ignored (checked below)
       {{"H5CKPT_ALIGNMENT", "1.5"}, "whole number"},
@@ -381,6 +390,7 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
                           "\nupdate_latest = ",
                           "[load]",
                           "\nstrict = ",
+                          "\nstrictness = ",
                           "\nconvert_dtype = ",
                           "\nverify_checksums = ",
                           "\nzero_redundancy = ",

@@ -38,9 +38,26 @@ struct SaveOptions {
   bool persist = false;
 };
 
+/// What a load does when the keys of the state and of the checkpoint differ. Whatever the mode,
+/// the whole request is checked before any byte is read, and a failing load fails with one error,
+/// the same on every rank, listing every missing key, shape mismatch, refused dtype and
+/// unexpected key (counts and the first 10 of each; LoadOptions::check_only returns all of them).
+/// Global shapes that differ (beyond allow_shape_mismatch) and dtypes the options forbid always fail.
+enum class LoadStrictness : uint8_t {
+  /// Default: a key the state asks for and the checkpoint lacks fails the load; keys the
+  /// checkpoint holds that the state does not ask for (loading a model without its optimizer, one
+  /// rank's extra state) are reported in LoadReport::unexpected_keys.
+  kIgnoreUnexpected = 0,
+  /// Missing and unexpected keys both fail the load (torch's load_state_dict(strict=True)).
+  kRaiseAll = 1,
+  /// Missing keys are skipped, their buffers left untouched, and reported in
+  /// LoadReport::missing_keys; unexpected keys are reported.
+  kAllowMissing = 2,
+};
+
 struct LoadOptions {
-  /// Every requested key must exist with the same global shape; otherwise missing keys are
-  /// skipped (reported in LoadReport::missing_keys) and the buffers left untouched.
+  /// false: the same as strictness = kAllowMissing, whatever `strictness` says (kept for callers
+  /// of the first API); true: `strictness` decides.
   bool strict = true;
   /// Allow float-to-float conversion (round to nearest even) when the saved dtype differs.
   bool convert_dtype = true;
@@ -62,6 +79,13 @@ struct LoadOptions {
   bool aggregate_reads = false;
   /// Bytes read at once by an aggregating rank; two such buffers come from the staging pool.
   uint64_t read_window_bytes = 32ull << 20;
+  /// See LoadStrictness (used when `strict` is true).
+  LoadStrictness strictness = LoadStrictness::kIgnoreUnexpected;
+  /// Check the request against the checkpoint and return the report with every list filled
+  /// (missing_keys, unexpected_keys, shape_mismatches, dtype_mismatches) without reading a byte
+  /// of tensor data; problems do not fail the call. Collective like a load. Shared-level
+  /// checkpoints only: where the load would read a node-local checkpoint it fails (kInvalidArgument).
+  bool check_only = false;
 };
 
 /// Settings of a Checkpointer that outlive one call.
@@ -166,7 +190,16 @@ struct LoadReport {
   uint64_t bytes_read = 0;                ///< storage bytes this rank read
   uint64_t bytes_sent = 0;                ///< bytes this rank sent to replicas (zero-redundancy loading)
   uint64_t bytes_received = 0;            ///< bytes this rank received instead of reading them
-  std::vector<std::string> missing_keys;  ///< non-strict loads only
+  /// Keys some rank asked for that the checkpoint lacks (kAllowMissing or check_only), sorted;
+  /// the same on every rank.
+  std::vector<std::string> missing_keys;
+  /// Keys the checkpoint holds that no rank asked for, sorted; the same on every rank.
+  std::vector<std::string> unexpected_keys;
+  /// check_only: every global shape that differs, as "'key': checkpoint has global shape [..],
+  /// the state wants [..]"; sorted, the same on every rank.
+  std::vector<std::string> shape_mismatches;
+  /// check_only: every dtype the options refuse, as "'key': checkpoint holds f32, the state wants i64".
+  std::vector<std::string> dtype_mismatches;
   double plan_s = 0;                      ///< metadata, validation and the load plan
   double read_s = 0;                      ///< storage reads
   double exchange_s = 0;                  ///< waiting for transfers after the reads

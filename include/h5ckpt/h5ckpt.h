@@ -197,11 +197,21 @@ H5CKPT_API void h5ckpt_save_handle_free(h5ckpt_save_handle_t* handle);
  * the saved one differs. Collective. */
 H5CKPT_API int h5ckpt_load(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path, int strict);
 
+/* h5ckpt_load_options_t::strictness (LoadStrictness in C++). Every mode checks the whole request
+ * before reading and fails with one message (h5ckpt_last_error) listing every missing key, shape
+ * mismatch, refused dtype and unexpected key; shape and dtype problems always fail. */
+enum {
+  H5CKPT_STRICT_IGNORE_UNEXPECTED = 0, /* default: missing keys fail; keys only the checkpoint holds do not */
+  H5CKPT_STRICT_RAISE_ALL = 1,         /* missing keys and keys only the checkpoint holds fail */
+  H5CKPT_STRICT_ALLOW_MISSING = 2      /* missing keys are skipped, their buffers left untouched */
+};
+
 typedef struct h5ckpt_load_options {
-  int strict;          /* every key must exist with the same global shape (default 1) */
+  int strict;          /* 0: as strictness = H5CKPT_STRICT_ALLOW_MISSING (default 1: strictness decides) */
   int convert_dtype;   /* float-to-float conversion when the saved dtype differs (default 1) */
   int verify;          /* check every byte read against the saved block checksums (default 1) */
   int zero_redundancy; /* replicas read once and sent to the others (default 1) */
+  int strictness;      /* one of H5CKPT_STRICT_* (default H5CKPT_STRICT_IGNORE_UNEXPECTED) */
 } h5ckpt_load_options_t;
 
 /* Fills `options` with the defaults above. */

@@ -29,6 +29,7 @@ from ._core import (  # noqa: F401
     ErrorCode,
     LoadOptions,
     LoadReport,
+    LoadStrictness,
     ParallelSizes,
     PruneOptions,
     PruneResult,

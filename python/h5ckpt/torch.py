@@ -19,6 +19,17 @@ straight into them.
     ckpt.load(sd, path); values = extra.restore()                      # RNGs set, values["step"]
 
 Keys are layout-independent (no rank in them), so another TP/DP layout can load them.
+
+DTensor state dicts (FSDP2, tensor parallelism through parallelize_module, any DeviceMesh) need no
+rules: `add_state_dict` reads each DTensor's mesh, placements and global shape and adds its local
+tensor with the box it holds (`dtensor_box`); ranks holding the same box (Replicate() dimensions,
+data-parallel replicas) are written once. Loading into DTensors of another mesh writes straight
+into their local tensors:
+
+    sd = h5ckpt.StateDict()
+    ht.add_state_dict(sd, model.state_dict(), prefix="model/")       # DTensors and plain tensors
+    ht.add_state_dict(sd, opt.state_dict()["state"], prefix="optim/") # FSDP2: DTensors like the params
+    ckpt.save(sd, path)  ...  ckpt.load(sd_of_another_mesh, path)
 """
 import json
 import random
@@ -31,6 +42,8 @@ from . import ShardSpec
 
 __all__ = [
     "Placement",
+    "dtensor_box",
+    "add_state_dict",
     "add_module",
     "add_optimizer",
     "add_tensor",
@@ -80,6 +93,110 @@ class Placement:
 
     def __repr__(self):
         return f"Placement({self.global_shape}, {self.shard!r})"
+
+
+# ---- DTensor placements ------------------------------------------------------------------------
+
+def _placement_kind(p):
+    """('shard', dim) or ('replicate', None) of a torch placement or of a plain tuple ("shard", d) /
+    ("replicate",). Placements whose local values are not a box of the global tensor are refused."""
+    if isinstance(p, tuple):
+        if len(p) == 2 and p[0] == "shard":
+            return "shard", int(p[1])
+        if len(p) == 1 and p[0] == "replicate":
+            return "replicate", None
+        raise ValueError(f"placement {p!r}: expected ('shard', dim) or ('replicate',)")
+    name = type(p).__name__
+    if name == "_StridedShard":  # a subclass of Shard: test it first
+        raise NotImplementedError(
+            f"placement {p!r}: _StridedShard (FSDP2 over tensor-parallel shards of the same dimension) is not "
+            "supported; its local values are interleaved rows, not one box. Save the tensor-parallel and FSDP "
+            "dimensions on different tensor dimensions, or gather the state dict first")
+    if name == "Shard":
+        return "shard", int(p.dim)
+    if name == "Replicate":
+        return "replicate", None
+    raise NotImplementedError(f"placement {p!r} is not supported (Shard(d) and Replicate() are): "
+                              "a Partial value must be reduced before it is saved")
+
+
+def dtensor_box(global_shape, mesh_shape, coordinate, placements):
+    """The box (offset, shape) of the global tensor that the rank at `coordinate` of a mesh of
+    `mesh_shape` holds under `placements` (one per mesh dimension), as DTensor computes it: mesh
+    dimensions apply in order; Shard(d) cuts the part of dimension d the earlier mesh dimensions left
+    into mesh_shape[i] chunks the way torch.chunk does (ceil(n / k) elements each, so the last ones may
+    be short or empty) and keeps chunk coordinate[i]; Replicate() keeps it whole. Two mesh dimensions
+    may shard the same tensor dimension (the later one cuts the earlier one's chunk). Pure: no
+    torch.distributed needed; placements may be torch objects or ("shard", d) / ("replicate",)."""
+    shape = [int(d) for d in global_shape]
+    offset = [0] * len(shape)
+    if len(mesh_shape) != len(placements) or len(coordinate) != len(placements):
+        raise ValueError(f"mesh of shape {list(mesh_shape)}, coordinate {list(coordinate)} and "
+                         f"{len(placements)} placements do not match")
+    for i, p in enumerate(placements):
+        kind, d = _placement_kind(p)
+        if kind == "replicate":
+            continue
+        if d < 0:
+            d += len(shape)
+        if not 0 <= d < len(shape):
+            raise ValueError(f"placement {p!r} shards dimension {d} of a {len(shape)}-d tensor")
+        k, c = int(mesh_shape[i]), int(coordinate[i])
+        if not 0 <= c < k:
+            raise ValueError(f"coordinate {c} outside mesh dimension {i} of size {k}")
+        n = shape[d]
+        chunk = -(-n // k) if n else 0
+        start = min(chunk * c, n)
+        shape[d] = min(n, start + chunk) - start
+        offset[d] += start
+    return offset, shape
+
+
+def _is_dtensor(t):
+    return type(t).__name__ == "DTensor" and hasattr(t, "placements") and hasattr(t, "to_local")
+
+
+def _dtensor_placement(key, t):
+    mesh = t.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise ValueError(f"'{key}': this rank is not in the DTensor's mesh")
+    offset, shape = dtensor_box(list(t.shape), list(mesh.mesh.shape), list(coord), list(t.placements))
+    local = t.to_local()
+    if list(local.shape) != shape:
+        raise ValueError(f"'{key}': the local tensor has shape {list(local.shape)}, but the placements "
+                         f"{list(t.placements)} on mesh {list(mesh.mesh.shape)} give this rank the box "
+                         f"offset {offset} shape {shape} (padded local tensors are not supported)")
+    return local, Placement.box(list(t.shape), offset, shape)
+
+
+def add_state_dict(sd, state_dict, prefix="", allow_shape_mismatch=()):
+    """Adds every tensor of `state_dict` (e.g. module.state_dict(), or an optimizer's "state" dict:
+    nested dicts are walked, their keys joined with "/") as `prefix + name`: a DTensor as its local
+    tensor with the box its placements give (dtensor_box), a plain tensor whole (replicated), 0-d
+    as [1]. References only: a load writes into the local tensors, whatever mesh saved them.
+    Returns ({key: Placement}, {key: non-tensor value}) — the values (e.g. optimizer param_groups
+    entries) are left to the caller."""
+    placements, other = {}, {}
+
+    def walk(d, path):
+        for name, v in d.items():
+            key = f"{path}{name}"
+            if isinstance(v, dict):
+                walk(v, key + "/")
+            elif _is_dtensor(v):
+                local, pl = _dtensor_placement(key, v)
+                if not local.is_contiguous():
+                    raise ValueError(f"'{key}': the local tensor is not contiguous")
+                add_tensor(sd, key, local, pl, allow_shape_mismatch=key in allow_shape_mismatch)
+                placements[key] = pl
+            elif isinstance(v, _torch.Tensor):
+                placements[key] = add_tensor(sd, key, v, None, allow_shape_mismatch=key in allow_shape_mismatch)
+            else:
+                other[key] = v
+
+    walk(state_dict, prefix)
+    return placements, other
 
 
 def _placement_for(rules, name, tensor):

@@ -89,6 +89,9 @@ py::dict load_report_dict(const LoadReport& r) {
   d["bytes_sent"] = r.bytes_sent;
   d["bytes_received"] = r.bytes_received;
   d["missing_keys"] = r.missing_keys;
+  d["unexpected_keys"] = r.unexpected_keys;
+  d["shape_mismatches"] = r.shape_mismatches;
+  d["dtype_mismatches"] = r.dtype_mismatches;
   d["plan_s"] = r.plan_s;
   d["read_s"] = r.read_s;
   d["exchange_s"] = r.exchange_s;
@@ -341,9 +344,32 @@ void bind_core(py::module_& m) {
           [](SaveOptions& o, uintptr_t s) { o.device_stream = reinterpret_cast<void*>(s); },
           "cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream); 0: synchronize the device");
 
+  py::enum_<LoadStrictness>(m, "LoadStrictness",
+                            "What a load does when the keys of the state and the checkpoint differ (checkpointer.h); "
+                            "LoadOptions.strictness also takes the names in lower case ('raise_all', ...).")
+      .value("IGNORE_UNEXPECTED", LoadStrictness::kIgnoreUnexpected)
+      .value("RAISE_ALL", LoadStrictness::kRaiseAll)
+      .value("ALLOW_MISSING", LoadStrictness::kAllowMissing);
+
   py::class_<LoadOptions>(m, "LoadOptions", "Per-call options of load (checkpointer.h).")
       .def(py::init([](py::kwargs kw) { return with_kwargs(LoadOptions{}, kw); }))
       .def_readwrite("strict", &LoadOptions::strict)
+      .def_property(
+          "strictness", [](const LoadOptions& o) { return o.strictness; },
+          [](LoadOptions& o, const py::object& v) {
+            if (py::isinstance<py::str>(v)) {
+              const std::string name = v.cast<std::string>();
+              if (name == "ignore_unexpected") o.strictness = LoadStrictness::kIgnoreUnexpected;
+              else if (name == "raise_all") o.strictness = LoadStrictness::kRaiseAll;
+              else if (name == "allow_missing") o.strictness = LoadStrictness::kAllowMissing;
+              else
+                throw py::value_error("strictness '" + name +
+                                      "' is none of 'ignore_unexpected', 'raise_all', 'allow_missing'");
+            } else {
+              o.strictness = v.cast<LoadStrictness>();
+            }
+          })
+      .def_readwrite("check_only", &LoadOptions::check_only)
       .def_readwrite("convert_dtype", &LoadOptions::convert_dtype)
       .def_readwrite("verify", &LoadOptions::verify)
       .def_readwrite("verify_checksums", &LoadOptions::verify_checksums)
@@ -403,6 +429,9 @@ void bind_core(py::module_& m) {
       .def_readonly("bytes_sent", &LoadReport::bytes_sent)
       .def_readonly("bytes_received", &LoadReport::bytes_received)
       .def_readonly("missing_keys", &LoadReport::missing_keys)
+      .def_readonly("unexpected_keys", &LoadReport::unexpected_keys)
+      .def_readonly("shape_mismatches", &LoadReport::shape_mismatches)
+      .def_readonly("dtype_mismatches", &LoadReport::dtype_mismatches)
       .def_readonly("plan_s", &LoadReport::plan_s)
       .def_readonly("read_s", &LoadReport::read_s)
       .def_readonly("exchange_s", &LoadReport::exchange_s)

@@ -214,6 +214,11 @@ Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path,
     }
     const engine::local::Resolution res = std::move(*impl_->resolved);
     impl_->resolved.reset();
+    // The same answer on every rank (resolve is collective), so is this refusal.
+    if (res.local && options.check_only)
+      return Status(ErrorCode::kInvalidArgument, "check_only checks loads from the shared level only; this load "
+                                                 "would read the node-local checkpoint '" + res.dir + "'")
+          .with_context("load '" + path + "'");
     if (res.local) return engine::local::load_local(impl_->comms(), state, res, options);
     return engine::load(impl_->comms(), state, res.info.path, options, impl_->options, impl_->load_cache, impl_->pool,
                         impl_->device_link);

@@ -39,6 +39,9 @@ static_assert(H5CKPT_CORRUPT == static_cast<int>(ErrorCode::kCorrupt));
 static_assert(H5CKPT_REMOTE == static_cast<int>(ErrorCode::kRemote));
 static_assert(H5CKPT_BOOL == static_cast<int>(h5ckpt::DType::kBool));
 static_assert(H5CKPT_BF16 == static_cast<int>(h5ckpt::DType::kBF16));
+static_assert(H5CKPT_STRICT_IGNORE_UNEXPECTED == static_cast<int>(h5ckpt::LoadStrictness::kIgnoreUnexpected));
+static_assert(H5CKPT_STRICT_RAISE_ALL == static_cast<int>(h5ckpt::LoadStrictness::kRaiseAll));
+static_assert(H5CKPT_STRICT_ALLOW_MISSING == static_cast<int>(h5ckpt::LoadStrictness::kAllowMissing));
 static_assert(H5CKPT_I64 == static_cast<int>(h5ckpt::DType::kI64));
 
 constexpr int kOk = H5CKPT_OK;  // an int, so lambdas returning codes deduce one type
@@ -383,6 +386,7 @@ void h5ckpt_load_options_init(h5ckpt_load_options_t* options) {
   options->convert_dtype = d.convert_dtype;
   options->verify = d.verify;
   options->zero_redundancy = d.zero_redundancy;
+  options->strictness = static_cast<int>(d.strictness);
 }
 
 int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, const char* path,
@@ -395,6 +399,10 @@ int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, c
       o.convert_dtype = options->convert_dtype != 0;
       o.verify = options->verify != 0;
       o.zero_redundancy = options->zero_redundancy != 0;
+      if (options->strictness < H5CKPT_STRICT_IGNORE_UNEXPECTED || options->strictness > H5CKPT_STRICT_ALLOW_MISSING)
+        return fail(ErrorCode::kInvalidArgument, "h5ckpt_load_with_options: strictness " +
+                                                     std::to_string(options->strictness) + " is none of H5CKPT_STRICT_*");
+      o.strictness = static_cast<h5ckpt::LoadStrictness>(options->strictness);
     }
     return report(ck->ck.load(state->dict, path, o).status());
   });

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <toml++/toml.h>
 #include <variant>
@@ -22,9 +23,17 @@ namespace h5ckpt {
 
 namespace {
 
-enum class Kind { kBool, kSize, kPositiveSize, kThreads, kCount, kString, kLogLevel, kSeconds };
+enum class Kind { kBool, kSize, kPositiveSize, kThreads, kCount, kString, kLogLevel, kSeconds, kStrictness };
 
 using Value = std::variant<bool, uint64_t, std::string, double>;
+
+// LoadOptions::strictness by its configuration name (lower case), or nullopt.
+std::optional<LoadStrictness> strictness_from(const std::string& name) {
+  if (name == "ignore_unexpected") return LoadStrictness::kIgnoreUnexpected;
+  if (name == "raise_all") return LoadStrictness::kRaiseAll;
+  if (name == "allow_missing") return LoadStrictness::kAllowMissing;
+  return std::nullopt;
+}
 
 struct KeyDef {
   const char* section;
@@ -78,6 +87,8 @@ const KeyDef kKeys[] = {
     {"save", "update_latest", "H5CKPT_UPDATE_LATEST", Kind::kBool,
      [](Config& c, const Value& v) { c.save.update_latest = b(v); }},
     {"load", "strict", "H5CKPT_LOAD_STRICT", Kind::kBool, [](Config& c, const Value& v) { c.load.strict = b(v); }},
+    {"load", "strictness", "H5CKPT_LOAD_STRICTNESS", Kind::kStrictness,
+     [](Config& c, const Value& v) { c.load.strictness = *strictness_from(s(v)); }},
     {"load", "convert_dtype", "H5CKPT_CONVERT_DTYPE", Kind::kBool,
      [](Config& c, const Value& v) { c.load.convert_dtype = b(v); }},
     {"load", "verify", "H5CKPT_LOAD_VERIFY", Kind::kBool, [](Config& c, const Value& v) { c.load.verify = b(v); }},
@@ -111,6 +122,7 @@ const char* kind_expectation(Kind k) {
     case Kind::kCount: return "an integer >= 0";
     case Kind::kString: return "a string";
     case Kind::kLogLevel: return "one of trace, debug, info, warn, error, critical, off";
+    case Kind::kStrictness: return "one of ignore_unexpected, raise_all, allow_missing";
   }
   return "?";
 }
@@ -149,6 +161,8 @@ std::string check_range(Kind k, const Value& v) {
     return "must be from 1 to " + std::to_string(kMaxIoThreads) + ", got " + std::to_string(u(v));
   if (k == Kind::kSeconds && !(seconds(v) >= 0 && seconds(v) <= 1e9))  // also refuses NaN
     return std::string("expected ") + kind_expectation(k);
+  if (k == Kind::kStrictness && !strictness_from(s(v)))
+    return "unknown strictness \"" + s(v) + "\" (expected " + kind_expectation(k) + ")";
   if (k == Kind::kLogLevel && !log_level_from(s(v), nullptr))
     return "unknown log level \"" + s(v) + "\" (expected " + kind_expectation(k) + ")";
   return "";
@@ -190,7 +204,8 @@ std::string value_from_text(Kind k, const std::string& text, Value* out) {
     case Kind::kString:
       *out = text;  // untrimmed: a path may legitimately contain spaces
       return "";
-    case Kind::kLogLevel: *out = lower(t); return check_range(k, *out);
+    case Kind::kLogLevel:
+    case Kind::kStrictness: *out = lower(t); return check_range(k, *out);
   }
   return "internal: unhandled kind";
 }
@@ -245,6 +260,7 @@ std::string value_from_toml(Kind k, const toml::node& n, Value* out) {
       *out = n.as_string()->get();
       return "";
     case Kind::kLogLevel:
+    case Kind::kStrictness:
       if (!n.is_string()) return std::string("expected ") + kind_expectation(k) + got;
       *out = lower(trim(n.as_string()->get()));
       return check_range(k, *out);

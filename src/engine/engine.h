@@ -22,6 +22,7 @@
 #include "engine/staging_pool.h"
 #include "engine/wire.h"
 #include "h5ckpt/checkpointer.h"
+#include "planner/load_contract.h"
 #include "planner/load_planner.h"
 #include "planner/save_planner.h"
 
@@ -153,6 +154,12 @@ struct LoadPlanCache {
   bool any_device = false;        ///< some rank loads into device memory
   bool device_transport = false;  ///< device replicas move over DeviceLink::transport
   bool aggregated = false;        ///< two-phase reads (LoadOptions::aggregate_reads) on every rank
+  // The load contract (planner/load_contract.h) of the cached request.
+  planner::LoadContract contract;       ///< merged over the ranks: the same on every rank
+  planner::LoadContract contract_mine;  ///< this rank's problems (sent again when another rank replans)
+  std::shared_ptr<const std::vector<std::string>> ckpt_keys;  ///< every key of the checkpoint, sorted
+  std::vector<unsigned char> requested;  ///< bitmap over ckpt_keys: the keys this rank loads
+  std::vector<char> skips;               ///< per item: not in the checkpoint
 };
 
 /// Collective load over topo.world (see Checkpointer::load). Device items are read (or

@@ -97,42 +97,14 @@ uint64_t request_hash(const std::vector<planner::LoadWant>& wants, const LoadOpt
   }
   // verify_checksums too: a load that verifies every region needs the metadata of all tensors,
   // where the cached one may hold only this rank's.
-  const uint8_t flags[5] = {options.strict, options.convert_dtype, options.zero_redundancy, options.aggregate_reads,
-                            options.verify_checksums};
+  const uint8_t flags[6] = {options.strict, options.convert_dtype, options.zero_redundancy, options.aggregate_reads,
+                            options.verify_checksums, static_cast<uint8_t>(options.strictness)};
   XXH3_64bits_update(&h, flags, sizeof flags);
   return XXH3_64bits_digest(&h);
 }
 
-// Checks one item against the metadata; a missing key in a non-strict load is skipped.
-Status check_item(const CheckpointInfo& info, const StateItem& item, const LoadOptions& options, bool* skip) {
-  *skip = false;
-  H5CKPT_RETURN_IF_ERROR(check_item_buffer(item));
-  const TensorInfo* t = info.find(item.key);
-  if (!t) {
-    if (!options.strict) {
-      *skip = true;
-      return Status::Ok();
-    }
-    return Status(ErrorCode::kNotFound, "not in the checkpoint");
-  }
-  if (t->dtype != item.dtype && !(options.convert_dtype && dtype_is_float(t->dtype) && dtype_is_float(item.dtype)))
-    return Status(ErrorCode::kDtypeMismatch, std::string("checkpoint holds ") + dtype_name(t->dtype) +
-                                                 ", the state wants " + dtype_name(item.dtype));
-  if (t->shape != item.global_shape) {
-    // allow_shape_mismatch is for padded vocabularies: only the size of dimension 0 may differ,
-    // and the checkpoint must hold rows at all (not a transposed or emptied tensor).
-    bool padded = item.allow_shape_mismatch && t->shape.size() == item.global_shape.size() && !t->shape.empty() &&
-                  t->shape[0] > 0 && item.global_shape[0] > 0;
-    for (size_t d = 1; padded && d < t->shape.size(); ++d) padded = t->shape[d] == item.global_shape[d];
-    if (!padded)
-      return Status(
-          ErrorCode::kShapeMismatch,
-          "checkpoint has global shape " + to_string_shape(t->shape) + ", the state wants " +
-              to_string_shape(item.global_shape) +
-              (item.allow_shape_mismatch ? " (allow_shape_mismatch lets only a non-empty dimension 0 differ)" : ""));
-  }
-  return Status::Ok();
-}
+// The effective strictness: `strict = false` is kAllowMissing whatever `strictness` says.
+LoadStrictness strictness_of(const LoadOptions& o) { return o.strict ? o.strictness : LoadStrictness::kAllowMissing; }
 
 planner::StoredTensor stored_of(const CheckpointInfo& info, const std::string& key) {
   const TensorInfo* t = info.find(key);
@@ -164,11 +136,18 @@ Result<std::string> read_metadata_message(const std::string& path, std::vector<c
 // v1 parses and validates the whole JSON. For format v2 collective (the node's shared memory):
 // every rank takes part, also one that builds nothing (`build` false: its plan is cached, or it
 // could not open the data file).
+// With `build`, `*keys` receives every key of the checkpoint, sorted (the load contract names the
+// keys nobody asked for).
 Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text, const std::vector<char>& image,
-                                     bool build) {
+                                     bool build, std::vector<std::string>* keys) {
   if (storage::declared_format_version(text) != static_cast<uint64_t>(storage::v2::kFormatVersion)) {
     if (!build) return CheckpointInfo{};
-    return storage::metadata_from_json(text, run.reader ? run.reader->file_size() : 0);
+    auto info = storage::metadata_from_json(text, run.reader ? run.reader->file_size() : 0);
+    if (info.ok()) {
+      for (const auto& t : info->tensors) keys->push_back(t.key);
+      std::sort(keys->begin(), keys->end());
+    }
+    return info;
   }
   // Same text on every rank: every rank takes this path, and fails here alike.
   H5CKPT_ASSIGN_OR_RETURN(storage::v2::Summary summary, storage::v2::parse_summary(text));
@@ -186,6 +165,9 @@ Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text
   if (!build) {
     info = CheckpointInfo{};
   } else if (index.ok()) {
+    keys->reserve(index->tensor_count());
+    for (size_t t = 0; t < index->tensor_count(); ++t) keys->emplace_back(index->key(t));
+    std::sort(keys->begin(), keys->end());  // the index keeps them sorted; cheap when it does
     if (run.options.verify_checksums) {
       info = index->to_info();
     } else {
@@ -199,6 +181,40 @@ Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text
   Status read_done = shared->sync(run.topo.node.get());
   if (!read_done.ok() && info.ok()) info = read_done;
   return info;
+}
+
+// Merges every rank's load contract so that every rank holds the same one (cache.contract): the
+// keys any rank loads (a bitwise OR over the checkpoint's sorted keys) name the unexpected ones,
+// and the coordinator merges the problem lists and broadcasts them. Collective; every rank
+// returns the same outcome (the merged bytes come from one broadcast).
+Status settle_contract(LoadRun& run) {
+  LoadPlanCache& cache = run.cache;
+  std::vector<unsigned char> any(cache.requested.size(), 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  Status st = comm::mpi_status(MPI_Iallreduce(cache.requested.data(), any.data(), static_cast<int>(any.size()),
+                                              MPI_UNSIGNED_CHAR, MPI_BOR, run.world(), &req),
+                               "load contract (MPI_Iallreduce)");
+  if (st.ok()) st = comm::wait_asleep(1, &req, 200, "load contract (MPI_Iallreduce)", run.world());
+  H5CKPT_RETURN_IF_ERROR(st.with_context(run.where));
+  auto gathered = run.topo.gather(planner::encode_contract(cache.contract_mine));
+  Result<std::string> merged = std::string();
+  if (run.coordinator()) {
+    planner::LoadContract all;
+    if (!gathered.ok()) merged = gathered.status();
+    for (size_t r = 0; gathered.ok() && merged.ok() && r < gathered->size(); ++r) {
+      auto part = planner::decode_contract((*gathered)[r]);
+      if (part.ok()) planner::merge_contract(all, *part);
+      else merged = part.status().with_context("from rank " + std::to_string(r));
+    }
+    const std::vector<std::string>& keys = *cache.ckpt_keys;
+    for (size_t k = 0; k < keys.size(); ++k)
+      if (!(any[k / 8] >> (k % 8) & 1u)) all.unexpected.push_back(keys[k]);
+    if (merged.ok()) merged = planner::encode_contract(all);
+  }
+  auto msg = bcast_outcome(merged, run.topo);
+  if (!msg.ok()) return msg.status().with_context(run.where);
+  H5CKPT_ASSIGN_OR_RETURN(cache.contract, planner::decode_contract(*msg));
+  return Status::Ok();
 }
 
 // The coordinator resolves `latest` and reads the metadata (format v2: and the index image);
@@ -237,21 +253,39 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   flags[0] = local.ok() && cache.info && cache.meta_hash == meta_hash && cache.request_hash == req_hash &&
              cache.data_size == run.reader->file_size();
   flags[1] = std::none_of(run.wants.begin(), run.wants.end(), [](const auto& w) { return w.on_device; });
-  auto parsed = rank_metadata(run, json, image, !flags[0] && local.ok());
+  auto keys = std::make_shared<std::vector<std::string>>();
+  auto parsed = rank_metadata(run, json, image, !flags[0] && local.ok(), keys.get());
   if (!flags[0]) {
     cache = LoadPlanCache{};
     if (local.ok()) {
       if (parsed.ok()) cache.info = std::make_shared<const CheckpointInfo>(std::move(parsed).value());
       else local = parsed.status();
     }
-    // Every item is checked before any transfer, so no rank waits for bytes that never come.
+    // Every item is checked before any transfer, so no rank waits for bytes that never come: a
+    // malformed item fails here; what the checkpoint cannot give goes into the contract, which
+    // settle_contract merges over the ranks.
+    cache.requested.assign((keys->size() + 7) / 8, 0);
+    cache.skips.assign(run.wants.size(), 0);
     for (size_t i = 0; i < run.wants.size() && local.ok(); ++i) {
-      bool skip = false;
-      local = check_item(*cache.info, run.state.items()[i], run.options, &skip);
-      if (!local.ok())
-        local = local.with_context(run.pieces ? run.pieces->context(i) : "key '" + run.state.items()[i].key + "'");
-      run.wants[i].skip = skip;
+      const StateItem& it = run.state.items()[i];
+      local = check_item_buffer(it);
+      if (!local.ok()) {
+        local = local.with_context(run.pieces ? run.pieces->context(i) : "key '" + it.key + "'");
+        break;
+      }
+      const TensorInfo* t = cache.info->find(it.key);
+      const planner::StoredTensor stored = t ? stored_of(*cache.info, it.key) : planner::StoredTensor{};
+      const bool found = planner::check_contract_item(t ? &stored : nullptr,
+                                                      {it.key, it.dtype, it.global_shape, it.allow_shape_mismatch},
+                                                      run.options.convert_dtype, &cache.contract_mine);
+      run.wants[i].skip = !found;
+      cache.skips[i] = !found;
+      if (!found) continue;
+      const size_t at = static_cast<size_t>(std::lower_bound(keys->begin(), keys->end(), it.key) - keys->begin());
+      if (at < keys->size() && (*keys)[at] == it.key) cache.requested[at / 8] |= static_cast<unsigned char>(1u << (at % 8));
     }
+    planner::normalize_contract(cache.contract_mine);
+    cache.ckpt_keys = std::move(keys);
     if (local.ok()) {
       cache.meta_hash = meta_hash;
       cache.request_hash = req_hash;
@@ -261,6 +295,14 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world(), flags, 2).with_context(run.where));
   *replan = flags[0] == 0;
   *host_only = flags[1] != 0;
+  if (*replan) {
+    // A rank whose own request was cached checked it last time: its skips come from the cache.
+    for (size_t i = 0; i < run.wants.size() && i < cache.skips.size(); ++i) run.wants[i].skip = cache.skips[i] != 0;
+    if (Status settled = settle_contract(run); !settled.ok()) {
+      cache = LoadPlanCache{};  // never reused with a contract that was not settled
+      return settled;
+    }
+  }
   return Status::Ok();
 }
 
@@ -815,16 +857,34 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
   ExpandedState expanded(state);
   LoadRun run(topo, expanded.state(), options, copts, cache, pool, link);
   run.pieces = &expanded;
+  if (static_cast<int>(options.strictness) > 2)
+    return Status(ErrorCode::kInvalidArgument, "LoadOptions::strictness " +
+                                                   std::to_string(static_cast<int>(options.strictness)) +
+                                                   " is none of kIgnoreUnexpected, kRaiseAll, kAllowMissing")
+        .with_context("load '" + path + "'");
   bool replan = true, host_only = true;
   H5CKPT_RETURN_IF_ERROR(resolve_metadata(run, path, &replan, &host_only));
+  // The contract is the same on every rank (settle_contract), so is this decision: nothing has
+  // been read yet, and a failing load names every problem at once.
+  const planner::LoadContract& contract = cache.contract;
+  run.report.missing_keys = contract.missing;
+  run.report.unexpected_keys = contract.unexpected;
+  if (options.check_only) {
+    run.report.shape_mismatches = contract.shape;
+    run.report.dtype_mismatches = contract.dtype;
+    cache = LoadPlanCache{};  // nothing was planned: the next load plans
+    run.report.plan_s = run.report.total_s = now_s() - run.t0;
+    return std::move(run.report);
+  }
+  const LoadStrictness mode = strictness_of(options);
+  if (Status c = planner::contract_status(contract, mode != LoadStrictness::kAllowMissing,
+                                          mode == LoadStrictness::kRaiseAll);
+      !c.ok()) {
+    cache = LoadPlanCache{};
+    return c.with_context(run.where);
+  }
   if (replan) H5CKPT_RETURN_IF_ERROR(plan_reads(run, host_only));
   run.report.plan_cached = !replan;
-  for (size_t k = 0; k < cache.plan.skipped.size(); ++k) {
-    const size_t i = static_cast<size_t>(cache.plan.skipped[k]);
-    // A missing multi-piece item skips all its pieces: its key is reported once.
-    if (k > 0 && expanded.origin(static_cast<size_t>(cache.plan.skipped[k - 1])) == expanded.origin(i)) continue;
-    run.report.missing_keys.push_back(run.state.items()[i].key);
-  }
   if (options.verify_checksums) H5CKPT_RETURN_IF_ERROR(verify_regions(run));
   run.report.plan_s = now_s() - run.t0;
   if (cache.aggregated) {

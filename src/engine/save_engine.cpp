@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 
@@ -21,6 +22,7 @@
 #include "storage/h5_writer.h"
 #include "storage/leftovers.h"
 #include "storage/metadata.h"
+#include "storage/posix_io.h"
 #include "storage/retention.h"  // [retention]
 #include "util/phase.h"
 
@@ -141,7 +143,33 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
   return wire::decode_tensors(body);
 }
 
-// The coordinator makes a fresh temporary directory next to the target. Local to the coordinator.
+// Creates the directories above `target` that do not exist yet (as `mkdir -p` would), each through
+// the posix_io seam, and fsyncs the directory that gained each new entry, so a committed checkpoint
+// never sits under a parent a crash can forget. An error names the directory that could not be
+// made and why (EACCES, EROFS, ENOTDIR ...). Local to the coordinator.
+Status make_parent_dirs(const std::string& target) {
+  const fs::path parent = fs::path(target).parent_path();
+  if (parent.empty()) return Status::Ok();
+  std::error_code ec;
+  if (fs::is_directory(parent, ec)) return Status::Ok();
+  fs::path at;
+  for (const fs::path& part : parent) {
+    const fs::path above = at;
+    at /= part;
+    if (fs::is_directory(at, ec)) continue;
+    if (storage::io::mkdir(at.string(), 0755) != 0 && errno != EEXIST)
+      return storage::io::error("mkdir", at.string(), errno)
+          .with_context("creating the parent directories of '" + target + "'");
+    if (!fs::is_directory(at, ec))
+      return Status(ErrorCode::kIo, "'" + at.string() + "' exists and is not a directory")
+          .with_context("creating the parent directories of '" + target + "'");
+    H5CKPT_RETURN_IF_ERROR(storage::fsync_path(above.empty() ? "." : above.string()));
+  }
+  return Status::Ok();
+}
+
+// The coordinator makes a fresh temporary directory next to the target, and the directories above
+// it first when they are missing. Local to the coordinator.
 Result<std::string> make_temp_dir(const std::string& target, bool overwrite) {
   const std::string nonce =
       std::to_string(::getpid()) + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -179,6 +207,7 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   const uint64_t signature = local.ok() ? structure_signature(state) : 0;
   int cached = local.ok() && cache.tensors && cache.local_signature == signature ? 1 : 0;
   job.report.plan_s = now_s() - job.t0;  // planning is the checks and any re-plan, not the directory
+  if (coordinator && local.ok() && shared_dir) local = make_parent_dirs(job.path);  // before the lock, which lives there
   if (coordinator && local.ok() && shared_dir) {
     local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
     locked = local.ok();
@@ -210,7 +239,8 @@ Status prepare_shared_dir(const Topology::Impl& topo, SaveJob& job) {
   Status local;
   bool locked = false;
   if (coordinator) {
-    local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
+    local = make_parent_dirs(job.path);  // before the lock, which lives there
+    if (local.ok()) local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
     locked = local.ok();
     if (local.ok()) {
       auto temp = make_temp_dir(job.path, job.options.overwrite);
