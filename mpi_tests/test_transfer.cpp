@@ -95,6 +95,7 @@ TEST(Transfer, OverlappingEveryLayoutPair) {
       TransferOptions o;
       o.version = ++version;
       o.delta = false;  // a fresh destination each time
+      o.verify = version % 2 == 0;  // every other pair unverified: received in place, no staging
       auto r = x.transfer(&src.state(), &dst.state(), o);
       ASSERT_TRUE(r.ok()) << s.name() << " -> " << d.name() << ": " << r.status().to_string();
       std::string first;
@@ -123,6 +124,7 @@ TEST(Transfer, DisjointEveryLayoutPair) {
       TransferOptions o;
       o.version = ++version;
       o.delta = false;
+      o.verify = version % 2 == 0;
       auto r = x.transfer(h.source ? &model.state() : nullptr, h.source ? nullptr : &model.state(), o);
       ASSERT_TRUE(r.ok()) << s.name() << " -> " << d.name() << ": " << r.status().to_string();
       std::string first;
@@ -251,6 +253,21 @@ void corrupted_in_flight(bool overlapping) {
   EXPECT_TRUE(r3->delta);
   if (d) EXPECT_EQ(flipped_mismatches(*d), 0);
   EXPECT_EQ(x.version(), 8);
+
+  // A full transfer (a new StateTransfer: no previous version) sends the sums after the data;
+  // a corrupted block fails it the same way and the destination keeps version 8.
+  StateTransfer fresh(MPI_COMM_WORLD);
+  if (s) flip_all(*s);  // version 9 = version 7's values
+  engine::set_transfer_fault_for_testing(world_rank(), key);
+  o.version = 9;
+  auto r4 = fresh.transfer(s, d, o);
+  engine::set_transfer_fault_for_testing(-1, "");
+  expect_agreed_error(r4.status(), ErrorCode::kCorrupt, "'" + key + "'");
+  if (d) EXPECT_EQ(flipped_mismatches(*d), 0) << "the destination lost version 8";
+  auto r5 = fresh.transfer(s, d, o);
+  ASSERT_TRUE(r5.ok()) << r5.status().to_string();
+  EXPECT_FALSE(r5->delta);
+  if (d) EXPECT_EQ(dst->count_mismatches(&first), 0) << first;
 }
 
 TEST(Transfer, CorruptedBlockDisjoint) {
@@ -258,6 +275,36 @@ TEST(Transfer, CorruptedBlockDisjoint) {
   corrupted_in_flight(false);
 }
 TEST(Transfer, CorruptedBlockOverlapping) { corrupted_in_flight(true); }
+
+// in_place: checked where received. A corrupted block still fails everywhere naming the key;
+// the destination then holds no single version, and the next transfer is a full one that
+// restores it.
+TEST(Transfer, InPlaceCorruptedBlockThenFullRetry) {
+  const int n = world_size();
+  const Layout ls{1, n, 1, false}, ld{n % 2 == 0 ? 2 : 1, n % 2 == 0 ? n / 2 : n, 1, false};
+  Topology ts = make_topology(MPI_COMM_WORLD, ls), td = make_topology(MPI_COMM_WORLD, ld);
+  TestModel src(ls, ts.coords(), true), dst(ld, td.coords(), false);
+  StateTransfer x(MPI_COMM_WORLD);
+  TransferOptions o;
+  o.in_place = true;
+  o.version = 1;
+  auto r1 = x.transfer(&src.state(), &dst.state(), o);
+  ASSERT_TRUE(r1.ok()) << r1.status().to_string();
+  std::string first;
+  EXPECT_EQ(dst.count_mismatches(&first), 0) << first;
+  flip_all(src.state());
+  const std::string key = "model/layers.1.qkv.weight";
+  engine::set_transfer_fault_for_testing(world_rank(), key);
+  o.version = 2;
+  auto r2 = x.transfer(&src.state(), &dst.state(), o);
+  engine::set_transfer_fault_for_testing(-1, "");
+  expect_agreed_error(r2.status(), ErrorCode::kCorrupt, "'" + key + "'");
+  EXPECT_EQ(x.version(), 1);
+  auto r3 = x.transfer(&src.state(), &dst.state(), o);
+  ASSERT_TRUE(r3.ok()) << r3.status().to_string();
+  EXPECT_FALSE(r3->delta) << "after a failed in-place transfer the next one must be full";
+  EXPECT_EQ(flipped_mismatches(dst.state()), 0);
+}
 
 // Under memory_bytes the transfer runs in rounds whose staging stays within the bound.
 TEST(Transfer, MemoryBoundRounds) {

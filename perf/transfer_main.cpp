@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   full.delta = false;
   full.verify = verify;
   int64_t version = 0;
+  if (!verify) die("--verify false: the benchmark times unverified transfers anyway (unverified_s)");
   auto publish = [&](const TransferOptions& base) {
     TransferOptions o = base;
     o.version = ++version;
@@ -128,6 +129,18 @@ int main(int argc, char** argv) {
     if (!source)
       for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
     TransferReport r;
+    TransferOptions unverified = full;  // no checksums, received in place
+    unverified.verify = false;
+    t["unverified_s"].push_back(timed([&] { r = publish(unverified); }));
+    check_dest(-1, 0);
+    if (!source)
+      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
+    TransferOptions in_place = full;  // checked where received
+    in_place.in_place = true;
+    t["in_place_s"].push_back(timed([&] { r = publish(in_place); }));
+    check_dest(-1, 0);
+    if (!source)
+      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
     t["transfer_s"].push_back(timed([&] { r = publish(full); }));
     check_dest(-1, 0);
     full_bytes = sum_all(r.bytes_received);
@@ -164,6 +177,8 @@ int main(int argc, char** argv) {
     s["repeats"] = repeats;
     for (const auto& [key, v] : t) s[key] = median(v);
     s["transfer_over_alltoallv"] = median(t["transfer_s"]) / median(t["alltoallv_s"]);
+    s["in_place_over_alltoallv"] = median(t["in_place_s"]) / median(t["alltoallv_s"]);
+    s["unverified_over_alltoallv"] = median(t["unverified_s"]) / median(t["alltoallv_s"]);
     s["delta_bytes"] = delta_bytes;
     s["delta_blocks"] = delta_blocks;
     s["total_blocks"] = total_blocks;

@@ -25,7 +25,16 @@ struct TransferOptions {
   bool delta = true;
   /// The source computes the per-block checksums a save records (storage/verify_blocks), the
   /// destination checks every block it receives before anything is written to its buffers.
+  /// false: nothing is checked, and pieces that are one contiguous run of a destination buffer
+  /// (same dtype) are received in place, without staging: a failed transfer (a lost rank) may then
+  /// leave the destination partly updated. Sums are still computed when `delta` is set (the base
+  /// of the next delta).
   bool verify = true;
+  /// With verify: receive in place (pieces that are one contiguous run of a destination buffer in
+  /// the source dtype) and check them there, instead of staging and copying after the check: one
+  /// memory pass less, but a corrupted block fails the call with the destination holding new
+  /// bytes, and the one corrupted block, in those pieces (the next transfer is then a full one).
+  bool in_place = false;
   /// Every destination key must be held by the sources; otherwise missing keys are skipped
   /// (TransferReport::missing_keys) and their buffers left untouched.
   bool strict = true;

@@ -137,6 +137,18 @@ const char* contiguous_start(const StateItem& src, const Box& box) {
   return runs == 1 ? static_cast<const char*>(src.data) + first * dtype_size(src.dtype) : nullptr;
 }
 
+// Where a piece's stream starts in a destination buffer of the same dtype when the whole stream is
+// one contiguous run there (it can then be received in place), else null.
+char* contiguous_in(StateItem& dst, const TransferPiece& p) {
+  if (p.src_dtype != dst.dtype) return nullptr;
+  int runs = 0;
+  int64_t first = 0;
+  planner::for_each_run(p.box, planner::Frame{p.box, 0}, planner::frame_of(dst.shard), [&](int64_t, int64_t di, int64_t) {
+    if (runs++ == 0) first = di;
+  });
+  return runs == 1 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
+}
+
 std::vector<uint64_t> hash_piece(const StateItem& src, const TransferPiece& p, const PieceGeometry& g) {
   storage::BlockHasher h(g.identity, g.block_bytes, p.bytes);
   const uint64_t es = dtype_size(src.dtype);
@@ -394,9 +406,13 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
   // ---- checksums ----
   std::vector<PieceGeometry> geo(np);
   for (size_t k = 0; k < np; ++k) geo[k] = geometry_of(key_of(pieces[k]), pieces[k]);
-  const bool hashed = options.verify || report.delta;
+  // Sums are computed to check the blocks (verify) and to be the base of the next delta.
+  const bool hashed = options.verify || options.delta;
+  // A delta needs the sums before the data (they decide which blocks move); a full transfer sends
+  // them after the data of each round, hashing while the data moves.
+  const bool sums_first = hashed && report.delta;
   std::vector<std::vector<uint64_t>> fresh(np);
-  if (hashed) {
+  if (sums_first) {
     PhaseScope scope("transfer", "checksums");
     auto mpi = comm::make_mpi_transport(w());
     Status local;
@@ -446,11 +462,15 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
     // contiguous run of the source buffer (or that the fault hook corrupts) packed in `pack`.
     std::vector<uint64_t> stage_at(np, 0), pack_at(np, UINT64_MAX);
     std::vector<const char*> send_from(np, nullptr);
+    // Unverified and in-place transfers receive straight into the destination where a piece is one
+    // contiguous run of it in the source dtype (no staging, no copy after the check).
+    std::vector<char*> direct(np, nullptr);
     uint64_t stage_bytes = 0, pack_bytes = 0;
     for (size_t k = 0; k < np; ++k) {
       const TransferPiece& p = pieces[k];
       if (p.round != round || runs[k].empty()) continue;
-      if (p.dst_rank == me) {
+      if (p.dst_rank == me && (!options.verify || options.in_place)) direct[k] = contiguous_in(dst_item(p), p);
+      if (p.dst_rank == me && !direct[k]) {
         stage_at[k] = stage_bytes;
         for (const Run& r : runs[k]) stage_bytes += r.end - r.begin;
       }
@@ -466,12 +486,20 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
     if (pack.size() < pack_bytes) pack.resize(pack_bytes);
     report.memory_peak_bytes = std::max(report.memory_peak_bytes, stage_bytes + pack_bytes);
     auto mpi = comm::make_mpi_transport(w());
+    const bool sums_after = hashed && !sums_first;
+    for (size_t k = 0; k < np && local.ok() && sums_after; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.dst_rank != me || p.src_rank == me) continue;
+      fresh[k].resize(geo[k].blocks);
+      local = mpi->post_recv(p.src_rank, fresh[k].data(), geo[k].blocks * sizeof(uint64_t), kSumTag);
+    }
     for (size_t k = 0; k < np && local.ok(); ++k) {  // receives first
       const TransferPiece& p = pieces[k];
       if (p.round != round || p.dst_rank != me || p.src_rank == me) continue;
       uint64_t at = stage_at[k];
       for (const Run& r : runs[k]) {
-        local = mpi->post_recv(p.src_rank, stage.data() + at, r.end - r.begin, kDataTag);
+        char* into = direct[k] ? direct[k] + r.begin : stage.data() + at;
+        local = mpi->post_recv(p.src_rank, into, r.end - r.begin, kDataTag);
         at += r.end - r.begin;
         if (!local.ok()) break;
       }
@@ -480,13 +508,14 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
       const TransferPiece& p = pieces[k];
       if (p.round != round || p.src_rank != me || runs[k].empty()) continue;
       const bool corrupt = fault_armed(me, src_item(p).key);
-      if (p.dst_rank == me) {  // to itself: straight into staging
+      if (p.dst_rank == me) {  // to itself: straight into staging (or the destination)
         uint64_t at = stage_at[k];
         for (const Run& r : runs[k]) {
-          gather_rows(src_item(p), p.box, r.begin / geo[k].row, r.end / geo[k].row, stage.data() + at);
+          char* into = direct[k] ? direct[k] + r.begin : stage.data() + at;
+          gather_rows(src_item(p), p.box, r.begin / geo[k].row, r.end / geo[k].row, into);
           at += r.end - r.begin;
         }
-        if (corrupt) stage[stage_at[k]] ^= 0x01;
+        if (corrupt) (direct[k] ? direct[k][runs[k].front().begin] : stage[stage_at[k]]) ^= 0x01;
         continue;
       }
       const char* base = send_from[k];
@@ -501,10 +530,20 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
         if (!local.ok()) break;
       }
     }
+    // While the data moves: the sums of this round's pieces (from the source buffers, not from a
+    // packed copy), sent after their data.
+    for (size_t k = 0; k < np && local.ok() && sums_after; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.src_rank != me) continue;
+      fresh[k] = hash_piece(src_item(p), p, geo[k]);
+      if (p.dst_rank != me)
+        local = mpi->post_send(p.dst_rank, fresh[k].data(), geo[k].blocks * sizeof(uint64_t), kSumTag);
+      (void)mpi->progress();
+    }
     Status done = mpi->wait_all();
     if (local.ok()) local = done;
     // Check every received block before anything reaches the destination's buffers.
-    if (hashed) {
+    if (options.verify) {
       for (size_t k = 0; k < np && local.ok(); ++k) {
         const TransferPiece& p = pieces[k];
         if (p.round != round || p.dst_rank != me) continue;
@@ -512,7 +551,8 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
         for (const Run& r : runs[k]) {
           for (uint64_t lo = r.begin; lo < r.end && local.ok(); lo += geo[k].block_bytes) {
             const uint64_t b = lo / geo[k].block_bytes, n = std::min(r.end, lo + geo[k].block_bytes) - lo;
-            const uint64_t got = storage::block_checksum(geo[k].identity, b, stage.data() + at + (lo - r.begin), n);
+            const char* held = direct[k] ? direct[k] + lo : stage.data() + at + (lo - r.begin);
+            const uint64_t got = storage::block_checksum(geo[k].identity, b, held, n);
             if (got != fresh[k][b])
               local = Status(ErrorCode::kCorrupt,
                              "key '" + key_of(p) + "': block " + std::to_string(b) + " of the piece at offset " +
@@ -527,7 +567,8 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
     }
     Status agreed = comm::agree(local, w()).with_context("transfer version " + std::to_string(options.version));
     if (!agreed.ok()) {
-      if (round > 0) {  // earlier rounds were committed: the destination holds no single version
+      // Earlier rounds committed, or bytes received in place: the destination holds no single version.
+      if (round > 0 || options.in_place) {
         have_version = false;
         sums.clear();
       }
@@ -537,7 +578,7 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
     PhaseScope commit_scope("transfer", "commit");
     for (size_t k = 0; k < np; ++k) {
       const TransferPiece& p = pieces[k];
-      if (p.round != round || p.dst_rank != me) continue;
+      if (p.round != round || p.dst_rank != me || direct[k]) continue;
       uint64_t at = stage_at[k];
       for (const Run& r : runs[k]) {
         scatter_rows(dst_item(p), p.src_dtype, p.box, r.begin / geo[k].row, r.end / geo[k].row, stage.data() + at);
