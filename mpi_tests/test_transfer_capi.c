@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   CHECK(h5ckpt_transfer_version(x) == -1, "version before the first transfer");
 
   h5ckpt_transfer_options_init(&o);
-  CHECK(o.delta == 1 && o.verify == 1 && o.strict == 1 && o.memory_bytes == 0, "defaults");
+  CHECK(o.delta == 1 && o.verify == 1 && o.in_place == 0 && o.strict == 1 && o.memory_bytes == 0, "defaults");
   o.version = 1;
   OK(h5ckpt_transfer_run(x, src, dst, &o, &rep));
   for (i = 0; i < ROWS; ++i)

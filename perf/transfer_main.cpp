@@ -2,7 +2,7 @@
 // split by rows over it) to the second half (inference ranks, split by rows over another count)
 // with StateTransfer, against an MPI_Alltoallv moving the same byte counts between the same
 // ranks, straight from the source buffers into the destination buffers, in the same run. Also a
-// delta (one element changed per tensor) and the in-memory reshard of the same ranks.
+// delta (one element changed per tensor); verified (staged), in-place verified and unverified.
 // Prints one JSON line per repeat and a summary with the ratios (docs/performance.md).
 #include <mpi.h>
 
@@ -40,12 +40,10 @@ int main(int argc, char** argv) {
   int tensors = 8, repeats = 5;
   int64_t cols = 1024;
   double mib = 256;
-  bool verify = true;
   app.add_option("--tensors", tensors, "tensors in the state");
   app.add_option("--mib", mib, "MiB of the whole state (f32)");
   app.add_option("--cols", cols, "columns of each tensor");
   app.add_option("--repeats", repeats, "timed repeats (the summary takes medians)");
-  app.add_option("--verify", verify, "checksummed transfers (the default)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -107,9 +105,7 @@ int main(int argc, char** argv) {
   StateTransfer x(MPI_COMM_WORLD);
   TransferOptions full;
   full.delta = false;
-  full.verify = verify;
   int64_t version = 0;
-  if (!verify) die("--verify false: the benchmark times unverified transfers anyway (unverified_s)");
   auto publish = [&](const TransferOptions& base) {
     TransferOptions o = base;
     o.version = ++version;
@@ -172,7 +168,6 @@ int main(int argc, char** argv) {
     s["ranks"] = size;
     s["sources"] = k;
     s["destinations"] = m;
-    s["verify"] = verify;
     s["bytes"] = full_bytes;
     s["repeats"] = repeats;
     for (const auto& [key, v] : t) s[key] = median(v);

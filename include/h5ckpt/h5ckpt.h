@@ -244,6 +244,7 @@ typedef struct h5ckpt_transfer_options {
   int64_t version;       /* the source's version, e.g. the training step (default 0) */
   int delta;             /* only changed blocks move when every rank holds the previous version (1) */
   int verify;            /* every block checked against the source's checksums (1) */
+  int in_place;          /* checked where received instead of staged; a failure leaves new bytes (0) */
   int strict;            /* every destination key must be held by a source (1) */
   int convert_dtype;     /* float-to-float conversion (1) */
   uint64_t memory_bytes; /* staging bound per rank; 0: none (0) */

@@ -481,6 +481,7 @@ void h5ckpt_transfer_options_init(h5ckpt_transfer_options_t* options) {
   options->version = d.version;
   options->delta = d.delta;
   options->verify = d.verify;
+  options->in_place = d.in_place;
   options->strict = d.strict;
   options->convert_dtype = d.convert_dtype;
   options->memory_bytes = d.memory_bytes;
@@ -496,6 +497,7 @@ int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* sourc
       o.version = options->version;
       o.delta = options->delta != 0;
       o.verify = options->verify != 0;
+      o.in_place = options->in_place != 0;
       o.strict = options->strict != 0;
       o.convert_dtype = options->convert_dtype != 0;
       o.memory_bytes = options->memory_bytes;
