@@ -246,6 +246,46 @@ H5CKPT_API int h5ckpt_info_topology(const h5ckpt_info_t* info, int* tp, int* dp,
 H5CKPT_API int h5ckpt_info_verify(const h5ckpt_info_t* info);
 H5CKPT_API void h5ckpt_info_free(h5ckpt_info_t* info);
 
+/* ---- live state between ranks, without storage (include/h5ckpt/transfer.h) ---------------- */
+
+typedef struct h5ckpt_transfer h5ckpt_transfer_t; /* a publisher/receiver over one communicator */
+
+typedef struct h5ckpt_transfer_options {
+  int64_t version;       /* the source's version, e.g. the training step (default 0) */
+  int delta;             /* only changed blocks move when every rank holds the previous version (1) */
+  int verify;            /* every block checked against the source's checksums (1) */
+  int in_place;          /* checked where received instead of staged; a failure leaves new bytes (0) */
+  int strict;            /* every destination key must be held by a source (1) */
+  int convert_dtype;     /* float-to-float conversion (1) */
+  uint64_t memory_bytes; /* staging bound per rank; 0: none (0) */
+  double timeout_s;      /* deadline of every wait (600); 0: none */
+} h5ckpt_transfer_options_t;
+
+typedef struct h5ckpt_transfer_report {
+  int delta;                /* only changed blocks moved */
+  uint64_t bytes_sent;      /* payload bytes this rank sent */
+  uint64_t bytes_received;  /* payload bytes this rank received */
+  uint64_t bytes_total;     /* bytes a full transfer sends to this rank */
+  uint64_t blocks_received; /* checksum blocks received */
+  uint64_t blocks_total;    /* checksum blocks of everything this rank receives */
+  double total_s;
+} h5ckpt_transfer_report_t;
+
+/* Duplicates `world`. Collective over it. Free before MPI_Finalize. */
+H5CKPT_API int h5ckpt_transfer_create(MPI_Comm world, h5ckpt_transfer_t** out);
+H5CKPT_API void h5ckpt_transfer_free(h5ckpt_transfer_t* transfer);
+/* Fills `options` with the defaults above. */
+H5CKPT_API void h5ckpt_transfer_options_init(h5ckpt_transfer_options_t* options);
+/* Fills every destination buffer from the ranks holding the source state, in any layout: source
+ * or destination may be NULL on ranks without that role (the same state on both for an in-memory
+ * reshard). `options` and `report` may be NULL. Collective over the transfer's communicator; every
+ * rank gets the same code; on failure the destination buffers are unchanged. */
+H5CKPT_API int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* source,
+                                   h5ckpt_state_t* destination, const h5ckpt_transfer_options_t* options,
+                                   h5ckpt_transfer_report_t* report);
+/* The version of the last committed transfer, -1 before the first. */
+H5CKPT_API int64_t h5ckpt_transfer_version(const h5ckpt_transfer_t* transfer);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -7,4 +7,5 @@
 #include "h5ckpt/state.h"
 #include "h5ckpt/status.h"
 #include "h5ckpt/topology.h"
+#include "h5ckpt/transfer.h"
 #include "h5ckpt/types.h"

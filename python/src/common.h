@@ -154,6 +154,7 @@ void bind_types(py::module_& m);
 void bind_core(py::module_& m);
 void bind_info(py::module_& m);
 void bind_loader(py::module_& m);
+void bind_transfer(py::module_& m);
 
 /// Sets the attributes named in `kwargs` on a copy of `value` (unknown names: AttributeError).
 template <class T>

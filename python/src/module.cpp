@@ -166,6 +166,7 @@ PYBIND11_MODULE(_core, m) {
   bind_types(m);
   bind_info(m);  // before bind_core: ResolvedCheckpoint.info is a CheckpointInfo
   bind_core(m);
+  bind_transfer(m);
   py::module_ loader = m.def_submodule("loader", "Data-loader state as reshardable checkpoint items (loader_state.h)");
   bind_loader(loader);
   m.def("version", [] { return std::string(h5ckpt::version()); }, "Library version string, e.g. '0.1.0'.");

@@ -10,6 +10,7 @@
 #include "h5ckpt/h5ckpt.h"
 #include "h5ckpt/state.h"
 #include "h5ckpt/topology.h"
+#include "h5ckpt/transfer.h"
 
 struct h5ckpt_topology {
   h5ckpt::Topology topo;
@@ -26,6 +27,10 @@ struct h5ckpt_save_handle {
 };
 struct h5ckpt_info {
   h5ckpt::CheckpointInfo info;
+};
+struct h5ckpt_transfer {
+  explicit h5ckpt_transfer(MPI_Comm world) : transfer(world) {}
+  h5ckpt::StateTransfer transfer;
 };
 
 namespace {
@@ -465,5 +470,63 @@ int h5ckpt_info_verify(const h5ckpt_info_t* info) {
 }
 
 void h5ckpt_info_free(h5ckpt_info_t* info) { delete info; }
+
+// ---- transfer (live state between ranks) -------------------------------------------------
+
+int h5ckpt_transfer_create(MPI_Comm world, h5ckpt_transfer_t** out) {
+  return guarded("h5ckpt_transfer_create", [&] {
+    if (!out) return fail(ErrorCode::kInvalidArgument, "h5ckpt_transfer_create: out is NULL");
+    *out = new h5ckpt_transfer(world);
+    return kOk;
+  });
+}
+
+void h5ckpt_transfer_free(h5ckpt_transfer_t* transfer) { delete transfer; }
+
+void h5ckpt_transfer_options_init(h5ckpt_transfer_options_t* options) {
+  if (!options) return;
+  const h5ckpt::TransferOptions d;
+  options->version = d.version;
+  options->delta = d.delta;
+  options->verify = d.verify;
+  options->in_place = d.in_place;
+  options->strict = d.strict;
+  options->convert_dtype = d.convert_dtype;
+  options->memory_bytes = d.memory_bytes;
+  options->timeout_s = d.timeout_s;
+}
+
+int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* source, h5ckpt_state_t* destination,
+                        const h5ckpt_transfer_options_t* options, h5ckpt_transfer_report_t* out) {
+  return guarded("h5ckpt_transfer_run", [&] {
+    if (!transfer) return fail(ErrorCode::kInvalidArgument, "h5ckpt_transfer_run: transfer is NULL");
+    h5ckpt::TransferOptions o;
+    if (options) {
+      o.version = options->version;
+      o.delta = options->delta != 0;
+      o.verify = options->verify != 0;
+      o.in_place = options->in_place != 0;
+      o.strict = options->strict != 0;
+      o.convert_dtype = options->convert_dtype != 0;
+      o.memory_bytes = options->memory_bytes;
+      o.timeout_s = options->timeout_s;
+    }
+    auto r = transfer->transfer.transfer(source ? &source->dict : nullptr, destination ? &destination->dict : nullptr, o);
+    if (r.ok() && out) {
+      out->delta = r->delta;
+      out->bytes_sent = r->bytes_sent;
+      out->bytes_received = r->bytes_received;
+      out->bytes_total = r->bytes_total;
+      out->blocks_received = r->blocks_received;
+      out->blocks_total = r->blocks_total;
+      out->total_s = r->total_s;
+    }
+    return report(r.status());
+  });
+}
+
+int64_t h5ckpt_transfer_version(const h5ckpt_transfer_t* transfer) {
+  return transfer ? transfer->transfer.version() : -1;
+}
 
 }  // extern "C"

@@ -1,0 +1,641 @@
+// StateTransfer: the plan / checksums / exchange phases of engine/transfer.h.
+#include "engine/transfer.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+#include "comm/comm.h"
+#include "comm/deadline.h"
+#include "comm/transport.h"
+#include "device/staging.h"
+#include "engine/engine.h"
+#include "engine/memory_budget.h"
+#include "engine/pieces.h"
+#include "engine/wire.h"
+#include "h5ckpt/transfer.h"
+#include "metrics/log.h"
+#include "metrics/report.h"
+#include "planner/box_math.h"
+#include "planner/transfer_planner.h"
+#include "storage/verify_blocks.h"
+#include "util/bytes.h"
+#include "util/checked_math.h"
+#include "util/dtype_convert.h"
+#include "util/phase.h"
+
+namespace h5ckpt {
+
+namespace engine {
+namespace {
+std::mutex fault_mu;
+int fault_rank = -1;
+std::string fault_key;
+}  // namespace
+
+void set_transfer_fault_for_testing(int src_rank, const std::string& key) {
+  std::lock_guard<std::mutex> lock(fault_mu);
+  fault_rank = key.empty() ? -1 : src_rank;
+  fault_key = key;
+}
+}  // namespace engine
+
+namespace {
+
+using metrics::now_s;
+using planner::TransferPiece;
+
+constexpr int kSumTag = 0x7101;
+constexpr int kDataTag = 0x7102;
+constexpr int kCoordinator = 0;
+
+bool fault_armed(int rank, const std::string& key) {
+  std::lock_guard<std::mutex> lock(engine::fault_mu);
+  return engine::fault_rank == rank && engine::fault_key == key;
+}
+
+// ---- Piece geometry: a piece's stream is its box in row-major order; blocks are whole rows ----
+
+int64_t rows_of(const Box& b) { return b.shape.empty() ? 1 : b.shape[0]; }
+uint64_t row_bytes(const Box& b, DType t) {
+  return static_cast<uint64_t>(b.volume() / std::max<int64_t>(rows_of(b), 1)) * dtype_size(t);
+}
+Box sub_rows(const Box& b, int64_t r0, int64_t r1) {
+  if (b.shape.empty()) return b;
+  Box s = b;
+  s.offset[0] += r0;
+  s.shape[0] = r1 - r0;
+  return s;
+}
+
+// What both ends of a piece derive from the plan alone.
+struct PieceGeometry {
+  uint64_t identity = 0;     // seeds the block checksums: key, source dtype and shape, the box
+  uint64_t block_bytes = 0;  // whole rows, about storage::kVerifyBlockTarget
+  uint64_t blocks = 0;
+  uint64_t row = 0;          // bytes of one row of the box
+};
+
+PieceGeometry geometry_of(const std::string& key, const TransferPiece& p) {
+  PieceGeometry g;
+  const ShardSpec spec = ShardSpec::box_of(p.box.offset, p.box.shape);
+  g.identity = storage::region_identity(key, p.src_dtype, p.src_shape, spec);
+  g.row = row_bytes(p.box, p.src_dtype);
+  g.block_bytes = std::max<uint64_t>(g.row, storage::choose_block_bytes(spec, p.src_dtype) / g.row * g.row);
+  g.blocks = storage::block_count(p.bytes, g.block_bytes);
+  return g;
+}
+
+// Byte range [begin, end) of a piece's stream, for consecutive moving blocks.
+struct Run {
+  uint64_t begin, end;
+};
+
+std::vector<Run> moving_runs(const std::vector<char>& moving, const PieceGeometry& g, uint64_t bytes) {
+  std::vector<Run> runs;
+  for (uint64_t b = 0; b < g.blocks; ++b) {
+    if (!moving[b]) continue;
+    const uint64_t lo = b * g.block_bytes, hi = std::min(bytes, lo + g.block_bytes);
+    if (!runs.empty() && runs.back().end == lo) runs.back().end = hi;
+    else runs.push_back({lo, hi});
+  }
+  return runs;
+}
+
+// Copies rows [r0, r1) of a piece out of a source item into `out` (stream order).
+void gather_rows(const StateItem& src, const Box& box, int64_t r0, int64_t r1, char* out) {
+  const Box sub = sub_rows(box, r0, r1);
+  const uint64_t es = dtype_size(src.dtype);
+  const char* base = static_cast<const char*>(src.data);
+  planner::for_each_run(sub, planner::frame_of(src.shard), planner::Frame{sub, 0},
+                        [&](int64_t si, int64_t di, int64_t n) { std::memcpy(out + di * es, base + si * es, n * es); });
+}
+
+// Writes rows [r0, r1) of a piece held in `in` (source dtype) into a destination item.
+void scatter_rows(StateItem& dst, DType src_dtype, const Box& box, int64_t r0, int64_t r1, const char* in) {
+  const Box sub = sub_rows(box, r0, r1);
+  const uint64_t ses = dtype_size(src_dtype), des = dtype_size(dst.dtype);
+  char* base = static_cast<char*>(dst.data);
+  planner::for_each_run(sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard), [&](int64_t si, int64_t di, int64_t n) {
+    if (src_dtype == dst.dtype) std::memcpy(base + di * des, in + si * ses, n * des);  // any dtype
+    else detail::convert_elements(in + si * ses, src_dtype, base + di * des, dst.dtype, static_cast<size_t>(n));
+  });
+}
+
+// The piece's start in the source buffer when its whole stream is one contiguous run there.
+const char* contiguous_start(const StateItem& src, const Box& box) {
+  int runs = 0;
+  int64_t first = 0;
+  planner::for_each_run(box, planner::frame_of(src.shard), planner::Frame{box, 0}, [&](int64_t si, int64_t, int64_t) {
+    if (runs++ == 0) first = si;
+  });
+  return runs == 1 ? static_cast<const char*>(src.data) + first * dtype_size(src.dtype) : nullptr;
+}
+
+// Where a piece's stream starts in a destination buffer of the same dtype when the whole stream is
+// one contiguous run there (it can then be received in place), else null.
+char* contiguous_in(StateItem& dst, const TransferPiece& p) {
+  if (p.src_dtype != dst.dtype) return nullptr;
+  int runs = 0;
+  int64_t first = 0;
+  planner::for_each_run(p.box, planner::Frame{p.box, 0}, planner::frame_of(dst.shard), [&](int64_t, int64_t di, int64_t) {
+    if (runs++ == 0) first = di;
+  });
+  return runs == 1 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
+}
+
+std::vector<uint64_t> hash_piece(const StateItem& src, const TransferPiece& p, const PieceGeometry& g) {
+  storage::BlockHasher h(g.identity, g.block_bytes, p.bytes);
+  const uint64_t es = dtype_size(src.dtype);
+  const char* base = static_cast<const char*>(src.data);
+  planner::for_each_run(p.box, planner::frame_of(src.shard), planner::Frame{p.box, 0},
+                        [&](int64_t si, int64_t, int64_t n) { h.update(base + si * es, n * es); });
+  return h.finish();
+}
+
+// ---- Plan messages ----
+
+void put_desc(ByteWriter& w, const planner::ItemDesc& d) {
+  w.put_string(d.key);
+  w.put<uint8_t>(static_cast<uint8_t>(d.dtype));
+  w.put_vec(d.global_shape);
+  engine::wire::put_shard(w, d.shard);
+}
+planner::ItemDesc get_desc(ByteReader& r) {
+  planner::ItemDesc d;
+  d.key = r.get_string();
+  d.dtype = static_cast<DType>(r.get<uint8_t>());
+  d.global_shape = r.get_vec();
+  d.shard = engine::wire::get_shard(r);
+  return d;
+}
+
+std::string encode_items(const StateDict* src, const StateDict* dst) {
+  ByteWriter w;
+  w.put<uint64_t>(src ? src->size() : 0);
+  if (src)
+    for (const auto& it : src->items()) put_desc(w, {it.key, it.dtype, it.global_shape, it.shard});
+  w.put<uint64_t>(dst ? dst->size() : 0);
+  if (dst)
+    for (const auto& it : dst->items()) {
+      put_desc(w, {it.key, it.dtype, it.global_shape, it.shard});
+      w.put<uint8_t>(it.allow_shape_mismatch);
+    }
+  return std::move(w.str());
+}
+
+Status decode_items(const std::string& bytes, std::vector<planner::ItemDesc>* src,
+                    std::vector<planner::TransferWant>* dst) {
+  ByteReader r(bytes);
+  const uint64_t ns = r.get_count(16);
+  for (uint64_t i = 0; i < ns && r.ok(); ++i) src->push_back(get_desc(r));
+  const uint64_t nd = r.get_count(16);
+  for (uint64_t i = 0; i < nd && r.ok(); ++i) {
+    planner::TransferWant w{get_desc(r), false};
+    w.pad = r.get<uint8_t>() != 0;
+    dst->push_back(std::move(w));
+  }
+  if (!r.ok() || !r.at_end()) return Status(ErrorCode::kInternal, "malformed transfer request message");
+  return Status::Ok();
+}
+
+// This rank's part of the plan: the pieces it sends or receives, its skipped items and their
+// sources' rows, the number of rounds.
+struct RankPlan {
+  std::vector<TransferPiece> pieces;
+  std::vector<int> skipped;
+  std::vector<int64_t> source_rows;
+  int rounds = 1;
+};
+
+std::string encode_rank_plan(const planner::TransferPlan& plan, int rank, const std::vector<size_t>& mine) {
+  ByteWriter w;
+  w.put<int32_t>(plan.rounds);
+  w.put<uint64_t>(mine.size());
+  for (size_t k : mine) {
+    const TransferPiece& p = plan.pieces[k];
+    for (int32_t v : {p.src_rank, p.src_item, p.dst_rank, p.dst_item, p.round}) w.put<int32_t>(v);
+    w.put_vec(p.box.offset);
+    w.put_vec(p.box.shape);
+    w.put<uint8_t>(static_cast<uint8_t>(p.src_dtype));
+    w.put_vec(p.src_shape);
+    w.put<uint64_t>(p.bytes);
+  }
+  w.put<uint64_t>(plan.skipped[rank].size());
+  for (int s : plan.skipped[rank]) w.put<int32_t>(s);
+  w.put_vec(plan.source_rows[rank]);
+  return std::move(w.str());
+}
+
+Result<RankPlan> decode_rank_plan(const std::string& bytes) {
+  RankPlan rp;
+  ByteReader r(bytes);
+  rp.rounds = r.get<int32_t>();
+  const uint64_t n = r.get_count(20);
+  for (uint64_t k = 0; k < n && r.ok(); ++k) {
+    TransferPiece p;
+    p.src_rank = r.get<int32_t>();
+    p.src_item = r.get<int32_t>();
+    p.dst_rank = r.get<int32_t>();
+    p.dst_item = r.get<int32_t>();
+    p.round = r.get<int32_t>();
+    p.box.offset = r.get_vec();
+    p.box.shape = r.get_vec();
+    p.src_dtype = static_cast<DType>(r.get<uint8_t>());
+    p.src_shape = r.get_vec();
+    p.bytes = r.get<uint64_t>();
+    rp.pieces.push_back(std::move(p));
+  }
+  const uint64_t ns = r.get_count(4);
+  for (uint64_t k = 0; k < ns && r.ok(); ++k) rp.skipped.push_back(r.get<int32_t>());
+  rp.source_rows = r.get_vec();
+  if (!r.ok() || !r.at_end() || rp.rounds < 1) return Status(ErrorCode::kInternal, "malformed transfer plan message");
+  return rp;
+}
+
+Status check_side(const StateDict* state, const engine::ExpandedState* expanded, const char* side) {
+  if (!state) return Status::Ok();
+  if (!expanded->status().ok()) return expanded->status().with_context(std::string(side) + " state");
+  for (size_t i = 0; i < state->items().size(); ++i) {
+    const StateItem& it = state->items()[i];
+    const std::string ctx = std::string(side) + " " + expanded->context(i);
+    if (device::is_device_item(it))
+      return Status(ErrorCode::kUnsupported, ctx + ": device buffers cannot be transferred yet (host buffers only)");
+    if (Status st = engine::check_item_buffer(it); !st.ok()) return st.with_context(ctx);
+  }
+  return Status::Ok();
+}
+
+uint64_t local_signature(const StateDict* src, const StateDict* dst, const TransferOptions& o) {
+  uint64_t v[7] = {src ? engine::structure_signature(*src) : 0, dst ? engine::structure_signature(*dst) : 0,
+                   static_cast<uint64_t>(src != nullptr) | static_cast<uint64_t>(dst != nullptr) << 1,
+                   static_cast<uint64_t>(o.strict) | static_cast<uint64_t>(o.convert_dtype) << 1, o.memory_bytes, 0, 0};
+  if (dst) {
+    std::string pads;
+    for (const auto& it : dst->items()) pads.push_back(it.allow_shape_mismatch ? '1' : '0');
+    v[5] = XXH3_64bits(pads.data(), pads.size());
+  }
+  return XXH3_64bits(v, sizeof v);
+}
+
+}  // namespace
+
+struct StateTransfer::Impl {
+  comm::Comm world;
+  Status init;
+  // The cached plan and the structure it was made for.
+  bool planned = false;
+  uint64_t signature = 0;
+  RankPlan plan;
+  // The last committed version and its block sums, per piece of `plan` (empty: not hashed).
+  bool have_version = false;
+  int64_t version = -1;
+  std::vector<std::vector<uint64_t>> sums;
+  // Staging reused between calls.
+  std::vector<char> stage, pack;
+
+  MPI_Comm w() const { return world.get(); }
+  int rank() const { return world.rank(); }
+
+  Status make_plan(const StateDict* src, const StateDict* dst, const TransferOptions& options);
+  Result<TransferReport> run(const StateDict* src, StateDict* dst, const TransferOptions& options);
+};
+
+Status StateTransfer::Impl::make_plan(const StateDict* src, const StateDict* dst, const TransferOptions& options) {
+  PhaseScope scope("transfer", "plan");
+  H5CKPT_ASSIGN_OR_RETURN(auto gathered, comm::gather_bytes(encode_items(src, dst), kCoordinator, w()));
+  std::vector<std::string> parts;
+  if (rank() == kCoordinator) {
+    const size_t n = gathered.size();
+    std::vector<std::vector<planner::ItemDesc>> sources(n);
+    std::vector<std::vector<planner::TransferWant>> dests(n);
+    Status decoded;
+    for (size_t r = 0; r < n && decoded.ok(); ++r) decoded = decode_items(gathered[r], &sources[r], &dests[r]);
+    planner::TransferPlanOptions po;
+    po.strict = options.strict;
+    po.convert_dtype = options.convert_dtype;
+    po.round_bytes = options.memory_bytes;
+    Result<planner::TransferPlan> plan = decoded;
+    if (decoded.ok()) plan = planner::plan_transfer(sources, dests, po);
+    std::vector<std::vector<size_t>> mine(n);
+    if (plan.ok())
+      for (size_t k = 0; k < plan->pieces.size(); ++k) {
+        const TransferPiece& p = plan->pieces[k];
+        mine[p.src_rank].push_back(k);
+        if (p.dst_rank != p.src_rank) mine[p.dst_rank].push_back(k);
+      }
+    for (size_t r = 0; r < n; ++r) {
+      Result<std::string> part = plan.ok() ? Result<std::string>(encode_rank_plan(*plan, static_cast<int>(r), mine[r]))
+                                           : Result<std::string>(plan.status());
+      parts.push_back(engine::wire::encode_outcome(part));
+    }
+  }
+  H5CKPT_ASSIGN_OR_RETURN(std::string down, comm::scatter_bytes(parts, kCoordinator, w()));
+  auto outcome = engine::wire::decode_outcome(down);
+  Result<RankPlan> rp = outcome.ok() ? decode_rank_plan(*outcome) : Result<RankPlan>(outcome.status());
+  Status local = rp.status();
+  if (rp.ok() && rp->source_rows.size() != (dst ? dst->size() : 0))
+    local = Status(ErrorCode::kInternal, "transfer plan does not match the destination state");
+  H5CKPT_RETURN_IF_ERROR(comm::agree(local, w()));
+  plan = std::move(rp).value();
+  return Status::Ok();
+}
+
+Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDict* dst_in,
+                                                const TransferOptions& options) {
+  const double t0 = now_s();
+  comm::set_timeout(options.timeout_s);
+  TransferReport report;
+  report.version = options.version;
+  H5CKPT_RETURN_IF_ERROR(init);
+  // Multi-piece items move as one item per piece (the source is only read).
+  std::optional<engine::ExpandedState> src_holder, dst_holder;
+  if (src_in) src_holder.emplace(const_cast<StateDict&>(*src_in));
+  if (dst_in) dst_holder.emplace(*dst_in);
+  const StateDict* src = src_in ? &src_holder->state() : nullptr;
+  StateDict* dst = dst_in ? &dst_holder->state() : nullptr;
+
+  // ---- plan ----
+  {
+    PhaseScope scope("transfer", "plan");
+    Status local = engine::check_memory_bytes(options.memory_bytes);
+    if (local.ok()) local = check_side(src, src_in ? &*src_holder : nullptr, "source");
+    if (local.ok()) local = check_side(dst, dst_in ? &*dst_holder : nullptr, "destination");
+    const uint64_t sig = local.ok() ? local_signature(src, dst, options) : 0;
+    int cached = local.ok() && planned && signature == sig;
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, w(), &cached).with_context("transfer"));
+    if (!cached) {
+      planned = false;
+      have_version = false;
+      sums.clear();
+      H5CKPT_RETURN_IF_ERROR(make_plan(src, dst, options).with_context("transfer"));
+      planned = true;
+      signature = sig;
+    }
+    report.plan_cached = cached != 0;
+  }
+  for (int s : plan.skipped) report.missing_keys.push_back(dst->items()[s].key);
+  report.rounds = plan.rounds;
+  const int me = rank();
+  const std::vector<TransferPiece>& pieces = plan.pieces;
+  const size_t np = pieces.size();
+  auto src_item = [&](const TransferPiece& p) -> const StateItem& { return src->items()[p.src_item]; };
+  auto dst_item = [&](const TransferPiece& p) -> StateItem& { return dst->items()[p.dst_item]; };
+  auto key_of = [&](const TransferPiece& p) -> const std::string& {
+    return p.src_rank == me ? src_item(p).key : dst_item(p).key;
+  };
+
+  // A delta needs the same previous version, hashed, on every rank (and the plan unchanged).
+  int64_t v[2] = {have_version ? version : LLONG_MIN, have_version ? -version : LLONG_MIN};
+  {
+    PhaseScope scope("transfer", "plan");
+    int64_t all[2];
+    MPI_Request req;
+    H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Iallreduce(v, all, 2, MPI_INT64_T, MPI_MIN, w(), &req), "MPI_Iallreduce"));
+    H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "transfer version agreement", w()));
+    report.delta = options.delta && all[0] != LLONG_MIN && all[1] != LLONG_MIN && all[0] == -all[1] &&
+                   sums.size() == np;
+  }
+  report.plan_s = now_s() - t0;
+
+  // ---- checksums ----
+  std::vector<PieceGeometry> geo(np);
+  for (size_t k = 0; k < np; ++k) geo[k] = geometry_of(key_of(pieces[k]), pieces[k]);
+  // Sums are computed to check the blocks (verify) and to be the base of the next delta.
+  const bool hashed = options.verify || options.delta;
+  // A delta needs the sums before the data (they decide which blocks move); a full transfer sends
+  // them after the data of each round, hashing while the data moves.
+  const bool sums_first = hashed && report.delta;
+  std::vector<std::vector<uint64_t>> fresh(np);
+  if (sums_first) {
+    PhaseScope scope("transfer", "checksums");
+    auto mpi = comm::make_mpi_transport(w());
+    Status local;
+    for (size_t k = 0; k < np; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.src_rank == me) fresh[k] = hash_piece(src_item(p), p, geo[k]);
+      else fresh[k].resize(geo[k].blocks);
+    }
+    for (size_t k = 0; k < np && local.ok(); ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.src_rank == p.dst_rank) continue;
+      const uint64_t bytes = geo[k].blocks * sizeof(uint64_t);
+      local = p.src_rank == me ? mpi->post_send(p.dst_rank, fresh[k].data(), bytes, kSumTag)
+                               : mpi->post_recv(p.src_rank, fresh[k].data(), bytes, kSumTag);
+    }
+    Status done = mpi->wait_all();
+    if (local.ok()) local = done;
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, w()).with_context("transfer"));
+  }
+  report.checksum_s = now_s() - t0 - report.plan_s;
+
+  // Which blocks move: all of them, or with a delta those whose sum changed.
+  std::vector<std::vector<Run>> runs(np);
+  for (size_t k = 0; k < np; ++k) {
+    const TransferPiece& p = pieces[k];
+    std::vector<char> moving(geo[k].blocks, 1);
+    if (report.delta)
+      for (uint64_t b = 0; b < geo[k].blocks; ++b) moving[b] = fresh[k][b] != sums[k][b];
+    runs[k] = moving_runs(moving, geo[k], p.bytes);
+    uint64_t moved = 0, blocks = 0;
+    for (const Run& r : runs[k]) moved += r.end - r.begin;
+    for (char m : moving) blocks += m != 0;
+    if (p.src_rank == me) report.bytes_sent += moved, report.blocks_sent += blocks;
+    if (p.dst_rank == me) {
+      report.bytes_received += moved, report.blocks_received += blocks;
+      report.bytes_total += p.bytes, report.blocks_total += geo[k].blocks;
+    }
+  }
+
+  // ---- exchange, round by round: stage, check, agree, commit ----
+  const double t_ex = now_s();
+  double commit_s = 0;
+  for (int round = 0; round < plan.rounds; ++round) {
+    PhaseScope scope("transfer", "exchange");
+    Status local;
+    // Staging: received runs (and a piece sent to itself) in `stage`; sends that are not one
+    // contiguous run of the source buffer (or that the fault hook corrupts) packed in `pack`.
+    std::vector<uint64_t> stage_at(np, 0), pack_at(np, UINT64_MAX);
+    std::vector<const char*> send_from(np, nullptr);
+    // Unverified and in-place transfers receive straight into the destination where a piece is one
+    // contiguous run of it in the source dtype (no staging, no copy after the check).
+    std::vector<char*> direct(np, nullptr);
+    uint64_t stage_bytes = 0, pack_bytes = 0;
+    for (size_t k = 0; k < np; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || runs[k].empty()) continue;
+      if (p.dst_rank == me && (!options.verify || options.in_place)) direct[k] = contiguous_in(dst_item(p), p);
+      if (p.dst_rank == me && !direct[k]) {
+        stage_at[k] = stage_bytes;
+        for (const Run& r : runs[k]) stage_bytes += r.end - r.begin;
+      }
+      if (p.src_rank == me && p.dst_rank != me) {
+        send_from[k] = fault_armed(me, src_item(p).key) ? nullptr : contiguous_start(src_item(p), p.box);
+        if (!send_from[k]) {
+          pack_at[k] = pack_bytes;
+          pack_bytes += p.bytes;
+        }
+      }
+    }
+    if (stage.size() < stage_bytes) stage.resize(stage_bytes);
+    if (pack.size() < pack_bytes) pack.resize(pack_bytes);
+    report.memory_peak_bytes = std::max(report.memory_peak_bytes, stage_bytes + pack_bytes);
+    auto mpi = comm::make_mpi_transport(w());
+    const bool sums_after = hashed && !sums_first;
+    for (size_t k = 0; k < np && local.ok() && sums_after; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.dst_rank != me || p.src_rank == me) continue;
+      fresh[k].resize(geo[k].blocks);
+      local = mpi->post_recv(p.src_rank, fresh[k].data(), geo[k].blocks * sizeof(uint64_t), kSumTag);
+    }
+    for (size_t k = 0; k < np && local.ok(); ++k) {  // receives first
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.dst_rank != me || p.src_rank == me) continue;
+      uint64_t at = stage_at[k];
+      for (const Run& r : runs[k]) {
+        char* into = direct[k] ? direct[k] + r.begin : stage.data() + at;
+        local = mpi->post_recv(p.src_rank, into, r.end - r.begin, kDataTag);
+        at += r.end - r.begin;
+        if (!local.ok()) break;
+      }
+    }
+    for (size_t k = 0; k < np && local.ok(); ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.src_rank != me || runs[k].empty()) continue;
+      const bool corrupt = fault_armed(me, src_item(p).key);
+      if (p.dst_rank == me) {  // to itself: straight into staging (or the destination)
+        uint64_t at = stage_at[k];
+        for (const Run& r : runs[k]) {
+          char* into = direct[k] ? direct[k] + r.begin : stage.data() + at;
+          gather_rows(src_item(p), p.box, r.begin / geo[k].row, r.end / geo[k].row, into);
+          at += r.end - r.begin;
+        }
+        if (corrupt) (direct[k] ? direct[k][runs[k].front().begin] : stage[stage_at[k]]) ^= 0x01;
+        continue;
+      }
+      const char* base = send_from[k];
+      if (!base) {
+        char* out = pack.data() + pack_at[k];
+        gather_rows(src_item(p), p.box, 0, rows_of(p.box), out);
+        if (corrupt) out[runs[k].front().begin] ^= 0x01;
+        base = out;
+      }
+      for (const Run& r : runs[k]) {
+        local = mpi->post_send(p.dst_rank, base + r.begin, r.end - r.begin, kDataTag);
+        if (!local.ok()) break;
+      }
+    }
+    // While the data moves: the sums of this round's pieces (from the source buffers, not from a
+    // packed copy), sent after their data.
+    for (size_t k = 0; k < np && local.ok() && sums_after; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.src_rank != me) continue;
+      fresh[k] = hash_piece(src_item(p), p, geo[k]);
+      if (p.dst_rank != me)
+        local = mpi->post_send(p.dst_rank, fresh[k].data(), geo[k].blocks * sizeof(uint64_t), kSumTag);
+      (void)mpi->progress();
+    }
+    Status done = mpi->wait_all();
+    if (local.ok()) local = done;
+    // Check every received block before anything reaches the destination's buffers.
+    if (options.verify) {
+      for (size_t k = 0; k < np && local.ok(); ++k) {
+        const TransferPiece& p = pieces[k];
+        if (p.round != round || p.dst_rank != me) continue;
+        uint64_t at = stage_at[k];
+        for (const Run& r : runs[k]) {
+          for (uint64_t lo = r.begin; lo < r.end && local.ok(); lo += geo[k].block_bytes) {
+            const uint64_t b = lo / geo[k].block_bytes, n = std::min(r.end, lo + geo[k].block_bytes) - lo;
+            const char* held = direct[k] ? direct[k] + lo : stage.data() + at + (lo - r.begin);
+            const uint64_t got = storage::block_checksum(geo[k].identity, b, held, n);
+            if (got != fresh[k][b])
+              local = Status(ErrorCode::kCorrupt,
+                             "key '" + key_of(p) + "': block " + std::to_string(b) + " of the piece at offset " +
+                                 to_string_shape(p.box.offset) + " shape " + to_string_shape(p.box.shape) +
+                                 " from source rank " + std::to_string(p.src_rank) +
+                                 " does not match its checksum on destination rank " + std::to_string(me) +
+                                 " (corrupted in flight); the destination keeps its previous version");
+          }
+          at += r.end - r.begin;
+        }
+      }
+    }
+    Status agreed = comm::agree(local, w()).with_context("transfer version " + std::to_string(options.version));
+    if (!agreed.ok()) {
+      // Earlier rounds committed, or bytes received in place: the destination holds no single version.
+      if (round > 0 || options.in_place) {
+        have_version = false;
+        sums.clear();
+      }
+      return agreed;
+    }
+    const double t_commit = now_s();
+    PhaseScope commit_scope("transfer", "commit");
+    for (size_t k = 0; k < np; ++k) {
+      const TransferPiece& p = pieces[k];
+      if (p.round != round || p.dst_rank != me || direct[k]) continue;
+      uint64_t at = stage_at[k];
+      for (const Run& r : runs[k]) {
+        scatter_rows(dst_item(p), p.src_dtype, p.box, r.begin / geo[k].row, r.end / geo[k].row, stage.data() + at);
+        at += r.end - r.begin;
+      }
+    }
+    commit_s += now_s() - t_commit;
+  }
+  // A padded destination: rows past the sources' shape are zero.
+  if (dst)
+    for (size_t i = 0; i < dst->size(); ++i) {
+      StateItem& it = dst->items()[i];
+      const int64_t rows = plan.source_rows[i];
+      if (rows < 0 || it.global_shape.empty() || it.global_shape[0] <= rows) continue;
+      const uint64_t es = dtype_size(it.dtype);
+      for (const Box& b : planner::shard_boxes(it.shard)) {
+        if (b.offset[0] + b.shape[0] <= rows) continue;
+        const int64_t r0 = std::max<int64_t>(0, rows - b.offset[0]);
+        const Box tail = sub_rows(b, r0, b.shape[0]);
+        planner::for_each_run(tail, planner::Frame{tail, 0}, planner::frame_of(it.shard),
+                              [&](int64_t, int64_t di, int64_t n) {
+                                std::memset(static_cast<char*>(it.data) + di * es, 0, n * es);
+                              });
+      }
+    }
+  report.exchange_s = now_s() - t_ex - commit_s;
+  report.commit_s = commit_s;
+  // The new version's sums become the base of the next delta.
+  if (hashed) {
+    sums = std::move(fresh);
+    have_version = true;
+  } else {
+    sums.clear();
+    have_version = false;
+  }
+  version = options.version;
+  report.total_s = now_s() - t0;
+  metrics::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}",
+                       options.version, report.bytes_sent, report.bytes_received, report.bytes_total,
+                       report.blocks_received, report.blocks_total, report.delta ? " (delta)" : "");
+  return report;
+}
+
+StateTransfer::StateTransfer(MPI_Comm world) : impl_(std::make_unique<Impl>()) {
+  auto c = comm::Comm::duplicate(world);
+  if (c.ok()) impl_->world = std::move(c).value();
+  else impl_->init = c.status();
+}
+StateTransfer::~StateTransfer() = default;
+StateTransfer::StateTransfer(StateTransfer&&) noexcept = default;
+StateTransfer& StateTransfer::operator=(StateTransfer&&) noexcept = default;
+
+Result<TransferReport> StateTransfer::transfer(const StateDict* source, StateDict* destination,
+                                               const TransferOptions& options) {
+  return impl_->run(source, destination, options);
+}
+
+int64_t StateTransfer::version() const { return impl_->version; }
+
+}  // namespace h5ckpt
