@@ -285,7 +285,8 @@ bool names_cached_per_client(const std::string& dir) {
 
 // The inode number under which `name` is listed in `dir`, 0 when it is not listed. A directory
 // listing is fetched from the server (FUSE and NFS clients do not answer it from the name cache),
-// so it tells whether the cached name still leads to the current file.
+// so it tells whether the cached name still leads to the current file; a FUSE listing with
+// attributes (READDIRPLUS) also refreshes the cached names, so the next lookup is usually right.
 ino_t listed_inode(const std::string& dir, const char* name) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
@@ -326,12 +327,21 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
     int fd = io::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return fail("'latest' cannot be read: " + std::string(std::strerror(errno)));
     struct stat fsb {};
-    const bool stat_ok = io::fstat(fd, &fsb) == 0 && S_ISREG(fsb.st_mode);
-    auto text = stat_ok ? read_whole_file("/proc/self/fd/" + std::to_string(fd), kMaxLatestBytes)
-                        : Result<std::string>(Status(ErrorCode::kCorrupt, "not a regular file"));
+    std::string why;
+    name.clear();
+    if (io::fstat(fd, &fsb) != 0 || !S_ISREG(fsb.st_mode)) why = "not a regular file";
+    // From this descriptor (not reopened by name or /proc: on a network file system the file may
+    // be gone from the server by now, and a new open says ESTALE).
+    for (char buf[512]; why.empty();) {
+      const ssize_t n = io::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) why = std::strerror(errno);
+      if (n <= 0) break;
+      name.append(buf, static_cast<size_t>(n));
+      if (name.size() > kMaxLatestBytes) why = "larger than " + std::to_string(kMaxLatestBytes) + " bytes";
+    }
     io::close(fd);
-    if (!text.ok()) return fail("'latest' cannot be read: " + text.status().message());
-    name = std::move(text).value();
+    if (!why.empty()) return fail("'latest' cannot be read: " + why);
     // Another client's rename may not have reached this client's name cache yet: then `latest`
     // still leads to the file it replaced (an older checkpoint's name). The server's listing says
     // which file the name holds now; wait until the cache agrees (or the timeout passes).

@@ -7,7 +7,8 @@
 #   multilevel the same with the node-local level on: saves on the nodes' private disks, every 3rd
 #              step persisted to the volume; the resuming nodes have empty disks and load from it
 #   latest     a job saves every step on node-1..2 while node-3's client reads `latest` in a loop;
-#              the moment each save commits, a load through node-3's client must select it
+#              the moment each save commits, a load through node-3's client must select it; then
+#              node-1's client points `latest` at older steps and node-3 must select exactly those
 #   lock       a save on node-1..2 is held in its write phase; a job on node-3..4 saving into the
 #              same directory is refused, naming the holder; the first save then commits
 #   brick      the brick holding the data file is killed mid-save: the job fails within its
@@ -16,14 +17,12 @@
 #              selects an older checkpoint that validates
 #   odirect    O_DIRECT refused at open (injected EINVAL): the save still succeeds, bit-identical
 #              to one written with O_DIRECT
-# Usage: run_gluster_test.sh SOURCE_DIR BUILD_DIR CASE
+# Usage: run_gluster_test.sh SOURCE_DIR H5CKPT_TRAIN H5CKPT_CLI CASE
 # Exit 77 (skipped) only when this machine cannot host a volume or the cluster (not root, no
 # /dev/fuse, GlusterFS not installed, no namespaces).
 set -euo pipefail
-SRC=$1 BUILD=$2 CASE=$3
+SRC=$1 TRAIN=$2 CLI=$3 CASE=$4
 SKIP=77
-TRAIN=$BUILD/src/trainer/h5ckpt-train
-CLI=$BUILD/src/tools/h5ckpt
 MODEL=(--layers 4 --hidden 64 --heads 8 --kv-heads 4 --ffn 128 --vocab 256 --seed 7)
 export H5CKPT_MPIEXEC_PREFLAGS="--allow-run-as-root --oversubscribe --bind-to none"
 
@@ -35,7 +34,7 @@ fail() { say "FAILED: $*"; exit 1; }
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 command -v glusterd >/dev/null || skip "GlusterFS is not installed (scripts/setup.sh installs glusterfs-server glusterfs-client)"
 err=$(unshare --uts --mount --propagation private true 2>&1) || skip "UTS + mount namespaces are unavailable: $err"
-[[ -x $TRAIN && -x $CLI ]] || fail "h5ckpt-train or h5ckpt is not built in $BUILD"
+[[ -x $TRAIN && -x $CLI ]] || fail "h5ckpt-train ($TRAIN) or h5ckpt ($CLI) is not built"
 
 WORK=$(mktemp -d /tmp/h5ckpt-gluster-test.XXXXXX)
 VOL=$WORK/vol
@@ -98,14 +97,16 @@ case $CASE in
     C=$SH/lt/c
     READER=$VOL/clients/node-3/lt/c  # node-3's client: caches of its own
     mkdir -p "$C"
-    # Keep node-3's name and attribute caches of `latest` and the checkpoints warm all along.
-    (while :; do cat "$READER/latest" >/dev/null 2>&1; ls "$READER" >/dev/null 2>&1; stat "$READER/latest" >/dev/null 2>&1; done) &
+    # Keep node-3's cached name and attributes of `latest` warm all along (a lookup, no listing: a
+    # FUSE listing (READDIRPLUS) would refresh the cached names and hide the problem).
+    (while :; do cat "$READER/latest" >/dev/null 2>&1; stat "$READER/latest" >/dev/null 2>&1; sleep 0.05; done) &
     BG+=($!)
     REPORT=$WORK/report.jsonl
     : >"$REPORT"
     # shellcheck disable=SC2046
-    cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 10 --save-every 1 --ckpt-dir "$C" --report "$REPORT" \
-      --quiet >"$WORK/saver.log" 2>&1 &
+    # Synchronous saves: the report line of a step is appended as soon as its save has committed.
+    H5CKPT_ASYNC=0 cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 12 --save-every 1 --ckpt-dir "$C" \
+      --report "$REPORT" --quiet >"$WORK/saver.log" 2>&1 &
     SAVER=$!
     BG+=("$SAVER")
     seen=0 checked=0
@@ -114,6 +115,7 @@ case $CASE in
       n=$(grep -c '"op":"save"' "$REPORT" || true)
       if ((n > seen)); then
         step=$(grep '"op":"save"' "$REPORT" | sed -n "${n}p" | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+        [[ -n $step ]] || continue  # a line still being written
         got=$(selected_step "$READER") || fail "a load through node-3's client failed right after step $step committed"
         [[ -n $got ]] || fail "no step in the verify output"
         ((got >= step)) || fail "right after step $step committed, node-3's client selected step $got (an older checkpoint)"
@@ -126,6 +128,17 @@ case $CASE in
     done
     wait "$SAVER" || { cat "$WORK/saver.log"; fail "the saving job failed"; }
     ((checked >= 5)) || fail "only $checked saves were checked as they committed"
+    # Sharper, and independent of "newest": another client points `latest` at older checkpoints too
+    # (tmp + rename, as update_latest does); 0.2 s later node-3 must select exactly what it names.
+    WRITER=$VOL/clients/node-1/lt/c
+    for s in 3 9 5 12 2 7; do
+      cat "$READER/latest" >/dev/null
+      printf 'step-%08d\n' "$s" >"$WRITER/latest.tmp.test"
+      mv "$WRITER/latest.tmp.test" "$WRITER/latest"
+      sleep 0.2
+      got=$(selected_step "$READER") || fail "a load through node-3's client failed after 'latest' named step $s"
+      [[ $got == "$s" ]] || fail "node-1 pointed 'latest' at step $s; 0.2 s later node-3's client selected step $got"
+    done
     ;;
 
   lock)
