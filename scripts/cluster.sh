@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A simulated cluster on one machine: runs PROGRAM under Open MPI's mpirun as N nodes x R ranks.
 #
-#   scripts/cluster.sh --nodes N --ranks-per-node R [--node-local PATH --node-disks ROOT]
+#   scripts/cluster.sh --nodes N --ranks-per-node R [--first-node K]
+#                      [--node-local PATH --node-disks ROOT] [--shared PATH --shared-volume DIR]
 #                      [--keep-env] [--env NAME[=VALUE]]... [--timeout SECONDS]
 #                      [--mca KEY VALUE]... [--mpirun-arg ARG]... [--verbose] -- PROGRAM ARGS...
 #
@@ -11,6 +12,10 @@
 # MPI_COMM_TYPE_SHARED splits per node, traffic between nodes goes over TCP (loopback), and with
 # --node-local PATH the ranks of node i see ROOT/node-i at PATH, and no other node's disk. The disks
 # persist across jobs; delete ROOT/node-i to simulate losing node i's local disk.
+# --first-node K: the job runs on node-K .. node-(K+N-1) (another set of nodes than a job on node-1..).
+# --shared PATH --shared-volume DIR: the ranks of node i see node i's own client of the GlusterFS
+# volume that `scripts/gluster.sh start --dir DIR` started (DIR/clients/node-i, a separate FUSE
+# client with its own caches) at PATH: a shared file system every node mounts, as on a real cluster.
 #
 # Environment: like ssh, a node starts with a login-like environment (PATH, LD_LIBRARY_PATH, HOME,
 # ...); the ranks get H5CKPT_* and OMPI_MCA_* from the caller's environment and the --env ones
@@ -32,12 +37,15 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2
 die() { echo "cluster.sh: $1" >&2; exit "${2:-2}"; }
 unavailable() { die "$1" "$SETUP_FAILED"; }
 
-NODES="" RPN="" LOCAL="" DISKS="" KEEP_ENV=0 TIMEOUT=0 VERBOSE=0
+NODES="" RPN="" FIRST=1 LOCAL="" DISKS="" SHARED="" VOLUME="" KEEP_ENV=0 TIMEOUT=0 VERBOSE=0
 ENV_NAMES=() EXTRA=()
 while (($#)); do
   case $1 in
     --nodes) NODES=${2:?--nodes needs a value}; shift 2 ;;
     --ranks-per-node) RPN=${2:?--ranks-per-node needs a value}; shift 2 ;;
+    --first-node) FIRST=${2:?--first-node needs a value}; shift 2 ;;
+    --shared) SHARED=${2:?--shared needs a path}; shift 2 ;;
+    --shared-volume) VOLUME=${2:?--shared-volume needs a directory}; shift 2 ;;
     --node-local) LOCAL=${2:?--node-local needs a path}; shift 2 ;;
     --node-disks) DISKS=${2:?--node-disks needs a path}; shift 2 ;;
     --keep-env) KEEP_ENV=1; shift ;;
@@ -58,6 +66,7 @@ while (($#)); do
 done
 (($#)) || die "no program given (usage: cluster.sh --nodes N --ranks-per-node R [...] -- PROGRAM ARGS...)"
 [[ $NODES =~ ^[1-9][0-9]*$ ]] && ((NODES <= 254)) || die "--nodes must be 1..254 (got '${NODES}')"
+[[ $FIRST =~ ^[1-9][0-9]*$ ]] && ((FIRST + NODES - 1 <= 254)) || die "--first-node must be 1..$((255 - NODES)) (got '${FIRST}')"
 [[ $RPN =~ ^[1-9][0-9]*$ ]] || die "--ranks-per-node must be a positive integer (got '${RPN}')"
 [[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds (got '$TIMEOUT')"
 if [[ -n $LOCAL || -n $DISKS ]]; then
@@ -67,6 +76,19 @@ if [[ -n $LOCAL || -n $DISKS ]]; then
   DISKS=$(realpath -m -- "$DISKS")
   [[ $LOCAL != / ]] || die "--node-local cannot be /"
   [[ $LOCAL != "$DISKS" && $LOCAL != "$DISKS"/* ]] || die "--node-local must not be inside --node-disks"
+fi
+
+if [[ -n $SHARED || -n $VOLUME ]]; then
+  [[ -n $SHARED && -n $VOLUME ]] || die "--shared and --shared-volume go together"
+  SHARED=$(realpath -m -- "$SHARED")
+  VOLUME=$(realpath -m -- "$VOLUME")
+  [[ $SHARED != / ]] || die "--shared cannot be /"
+  [[ -z $LOCAL || ($SHARED != "$LOCAL" && $SHARED != "$LOCAL"/* && $LOCAL != "$SHARED"/*) ]] ||
+    die "--shared and --node-local must not contain each other"
+  for ((i = FIRST; i < FIRST + NODES; i++)); do
+    mountpoint -q "$VOLUME/clients/node-$i" ||
+      die "$VOLUME/clients/node-$i is not a mounted client (scripts/gluster.sh start --dir $VOLUME --clients $((FIRST + NODES - 1)))"
+  done
 fi
 
 # --- can this machine host the cluster? --------------------------------------------------------
@@ -87,7 +109,7 @@ fi
 # may race here; an existing different mapping is an error rather than silently replaced.
 add_host_names() {
   local i addr name missing=()
-  for ((i = 1; i <= NODES; i++)); do
+  for ((i = FIRST; i < FIRST + NODES; i++)); do
     addr=127.0.1.$i name=node-$i
     if grep -Eq "^[[:space:]]*${addr//./\\.}([[:space:]].*)?[[:space:]]${name}([[:space:]]|\$)" "$HOSTS_FILE"; then
       continue
@@ -110,7 +132,7 @@ LOCK_DIR=/run/lock
   flock -w 30 9 || die "timed out waiting for the lock on $HOSTS_FILE" "$SETUP_FAILED"
   add_host_names
 )
-for ((i = 1; i <= NODES; i++)); do
+for ((i = FIRST; i < FIRST + NODES; i++)); do
   got=$(getent hosts "node-$i" | awk '{print $1; exit}')
   [[ $got == "127.0.1.$i" ]] || unavailable "node-$i resolves to '${got}', not 127.0.1.$i (check /etc/hosts and nsswitch.conf)"
 done
@@ -129,10 +151,11 @@ on_signal() {
   exit 143
 }
 trap on_signal TERM INT HUP
-for ((i = 1; i <= NODES; i++)); do echo "node-$i slots=$RPN"; done >"$HOSTFILE"
+for ((i = FIRST; i < FIRST + NODES; i++)); do echo "node-$i slots=$RPN"; done >"$HOSTFILE"
 
 # What the launcher needs to know, through mpirun's environment (the agent inherits it).
 export H5CKPT_CLUSTER_NODE_LOCAL=$LOCAL H5CKPT_CLUSTER_NODE_DISKS=$DISKS H5CKPT_CLUSTER_KEEP_ENV=$KEEP_ENV
+export H5CKPT_CLUSTER_SHARED=$SHARED H5CKPT_CLUSTER_SHARED_CLIENTS=${VOLUME:+$VOLUME/clients}
 if [[ -n $DISKS ]]; then mkdir -p "$DISKS"; fi
 
 # shellcheck disable=SC2054  # commas inside MCA values, not array separators
@@ -160,7 +183,7 @@ done < <(compgen -e | grep -E '^(H5CKPT_|OMPI_MCA_)' || true)
 for name in "${ENV_NAMES[@]}"; do ARGS+=(-x "$name"); done
 ARGS+=("${EXTRA[@]}")
 
-((VERBOSE)) && echo "cluster.sh: $NODES nodes x $RPN ranks${LOCAL:+, node-local $LOCAL on $DISKS/node-i}:" \
+((VERBOSE)) && echo "cluster.sh: $NODES nodes x $RPN ranks from node-$FIRST${LOCAL:+, node-local $LOCAL on $DISKS/node-i}${SHARED:+, shared $SHARED on $VOLUME/clients/node-i}:" \
   "mpirun ${ARGS[*]} $*" >&2
 ((VERBOSE)) && export H5CKPT_CLUSTER_DEBUG=1
 

@@ -6,6 +6,8 @@
 # ($H5CKPT_CLUSTER_NODE_LOCAL) is a bind mount of the node's own disk
 # ($H5CKPT_CLUSTER_NODE_DISKS/HOST), which no other node sees. Everything the daemon starts (the
 # ranks of that node) inherits the namespaces; they vanish when the daemon exits, the disk stays.
+# With $H5CKPT_CLUSTER_SHARED, node HOST's own client of the shared volume
+# ($H5CKPT_CLUSTER_SHARED_CLIENTS/HOST, mounted by scripts/gluster.sh) is bind-mounted there.
 # Without $H5CKPT_CLUSTER_KEEP_ENV=1 the daemon starts with a login-like environment, as over ssh:
 # only what mpirun forwards with -x reaches the ranks.
 set -euo pipefail
@@ -35,7 +37,8 @@ fi
 # arguments for it (e.g. -mca orte_hnp_uri "…;tcp://…"), so join them and let bash parse them.
 COMMAND="$*"
 
-# What runs inside the node's namespaces. $1 = host, $2 = node-local path, $3 = its disk, $4 = command.
+# What runs inside the node's namespaces. $1 = host, $2 = node-local path, $3 = its disk, $4 = command,
+# $5 = shared path, $6 = this node's client of the shared volume.
 # rprivate first, so that the bind mount does not propagate back into the host's namespace.
 # The node-local path is created if missing: it must exist to be a mount point (on the host it
 # stays an empty directory).
@@ -47,12 +50,23 @@ if [ -n "$2" ]; then
   mkdir -p "$3" "$2"
   mount --bind "$3" "$2"
 fi
+if [ -n "$5" ]; then
+  mkdir -p "$5"
+  mount --bind "$6" "$5"
+fi
 eval "exec $4"
 '
 
 if [[ -n $LOCAL ]]; then DISK=$DISKS/$HOST; else DISK=""; fi
+SHARED=${H5CKPT_CLUSTER_SHARED:-} CLIENT=""
+if [[ -n $SHARED ]]; then
+  [[ $SHARED == /* && ${H5CKPT_CLUSTER_SHARED_CLIENTS:-} == /* ]] ||
+    die "H5CKPT_CLUSTER_SHARED and H5CKPT_CLUSTER_SHARED_CLIENTS must both be absolute paths"
+  CLIENT=$H5CKPT_CLUSTER_SHARED_CLIENTS/$HOST
+  mountpoint -q "$CLIENT" || die "$CLIENT (node $HOST's client of the shared volume) is not mounted"
+fi
 if [[ ${H5CKPT_CLUSTER_DEBUG:-0} == 1 ]]; then
-  echo "cluster_node_launcher: $HOST: disk ${DISK:-none} at ${LOCAL:-none}: $COMMAND" >&2
+  echo "cluster_node_launcher: $HOST: disk ${DISK:-none} at ${LOCAL:-none}, shared ${CLIENT:-none} at ${SHARED:-none}: $COMMAND" >&2
 fi
 
 ENV_PREFIX=()
@@ -66,4 +80,4 @@ if [[ ${H5CKPT_CLUSTER_KEEP_ENV:-0} != 1 ]]; then
 fi
 
 exec "${ENV_PREFIX[@]}" unshare --uts --mount --propagation private \
-  bash -c "$NODE_SETUP" node-setup "$HOST" "$LOCAL" "$DISK" "$COMMAND"
+  bash -c "$NODE_SETUP" node-setup "$HOST" "$LOCAL" "$DISK" "$COMMAND" "$SHARED" "$CLIENT"

@@ -9,10 +9,13 @@
 # usage: e2e_resume.sh TRAIN_EXE MPIEXEC WORKDIR LAYOUT_A LAYOUT_B LAYOUT_REF [extra trainer args...]
 #   LAYOUT: tp<N>.pp<N>.dp<N>[.cp<N>][.ep<N>][.zero][@<nodes>x<ranks per node>], e.g. tp2.pp2.dp2.zero,
 #   tp1.pp1.dp2.cp2.ep2 (tp*pp*dp*cp ranks; ep splits the experts of --experts inside dp*cp) or
-#   tp2.pp2.dp4.zero@4x4 (runs on the simulated cluster of scripts/cluster.sh: 4 nodes x 4 ranks)
+#   tp2.pp2.dp4.zero@4x4 (runs on the simulated cluster of scripts/cluster.sh: 4 nodes x 4 ranks;
+#   @2x1+3: 2 nodes x 1 rank starting at node-3, other nodes than a job on node-1 and node-2)
 # env: H5CKPT_MPIEXEC_PREFLAGS (space separated, e.g. "--oversubscribe --allow-run-as-root"),
 #      E2E_SPLIT (default 6), E2E_STEPS (default 12), H5DIFF (default h5diff; "none" skips it),
 #      E2E_TIMEOUT (seconds per training run, default 200),
+#      E2E_CLUSTER_ARGS: more scripts/cluster.sh options for the @ layouts (space separated, e.g.
+#      "--shared DIR/mnt --shared-volume DIR" for a GlusterFS volume of scripts/gluster.sh),
 #      E2E_NODES=split: run @NODESxRPN layouts under plain mpirun with H5CKPT_RANKS_PER_NODE=RPN
 #      (nodes cut out of this machine's one node: same leaders and tree, no namespaces or TCP)
 # Exit 77 (skipped) when a layout asks for the simulated cluster and this machine cannot host it.
@@ -31,6 +34,7 @@ H5DIFF=${H5DIFF:-h5diff}
 TIMEOUT=${E2E_TIMEOUT:-200}
 CLUSTER=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh
 read -r -a PRE <<<"${H5CKPT_MPIEXEC_PREFLAGS:-}"
+read -r -a CLUSTER_ARGS <<<"${E2E_CLUSTER_ARGS:-}"
 # A small model (a few MB) so that a case takes seconds; kv-heads 4 allows tp up to 4.
 MODEL=(--layers 4 --hidden 64 --heads 8 --kv-heads 4 --ffn 128 --vocab 256 --seed 7)
 
@@ -58,17 +62,20 @@ run() {  # run N args...
   "$MPIEXEC" -n "$n" "${PRE[@]}" --timeout "$TIMEOUT" "$EXE" "$@"
 }
 
-run_on_cluster() {  # run_on_cluster NODESxRPN N args...: N ranks on the simulated cluster
-  local shape=$1 n=$2 nodes rpn rc=0
+run_on_cluster() {  # run_on_cluster NODESxRPN[+FIRST] N args...: N ranks on the simulated cluster
+  local shape=${1%+*} first=1 n=$2 nodes rpn rc=0
+  [[ $1 == *+* ]] && first=${1#*+}
   shift 2
   nodes=${shape%x*} rpn=${shape#*x}
+  [[ $first =~ ^[1-9][0-9]*$ ]] || fail "bad first node in '$shape+$first'"
   [[ $nodes =~ ^[0-9]+$ && $rpn =~ ^[0-9]+$ ]] || fail "bad cluster shape '$shape' (expected NODESxRANKS)"
   ((nodes * rpn == n)) || fail "cluster shape $shape gives $((nodes * rpn)) ranks, the layout needs $n"
   if [[ ${E2E_NODES:-} == split ]]; then
     H5CKPT_RANKS_PER_NODE=$rpn run "$n" "$@"
     return
   fi
-  "$CLUSTER" --nodes "$nodes" --ranks-per-node "$rpn" --timeout "$TIMEOUT" -- "$EXE" "$@" || rc=$?
+  "$CLUSTER" --nodes "$nodes" --ranks-per-node "$rpn" --first-node "$first" --timeout "$TIMEOUT" "${CLUSTER_ARGS[@]}" \
+    -- "$EXE" "$@" || rc=$?
   if ((rc == 125)); then
     echo "e2e SKIPPED: this machine cannot host the simulated cluster (see the message above)"
     exit 77

@@ -1,6 +1,8 @@
 #include "storage/commit.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/statfs.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -266,21 +268,92 @@ bool plausible_name(const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+// File systems whose clients cache names and attributes for a while without asking the server:
+// FUSE (GlusterFS, BeeGFS's and CephFS's FUSE clients: entry and attribute timeouts, 1 s by default)
+// and NFS (attribute cache). There a name looked up less than a timeout ago may still lead to the
+// file it named before another client's rename. Lustre, GPFS and the kernel CephFS client keep
+// their caches coherent with locks, and local file systems have one cache.
+bool names_cached_per_client(const std::string& dir) {
+  struct statfs sf {};
+  if (::statfs(dir.c_str(), &sf) != 0) return false;
+  constexpr unsigned long kFuseMagic = 0x65735546, kNfsMagic = 0x6969, kSmbMagic = 0xFE534D42, kCifsMagic = 0xFF534D42;
+  const auto t = static_cast<unsigned long>(sf.f_type);
+  return t == kFuseMagic || t == kNfsMagic || t == kSmbMagic || t == kCifsMagic;
+}
+
+// The inode number under which `name` is listed in `dir`, 0 when it is not listed. A directory
+// listing is fetched from the server (FUSE and NFS clients do not answer it from the name cache),
+// so it tells whether the cached name still leads to the current file; a FUSE listing with
+// attributes (READDIRPLUS) also refreshes the cached names, so the next lookup is usually right.
+ino_t listed_inode(const std::string& dir, const char* name) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  ino_t ino = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, name) == 0) {
+      ino = e->d_ino;
+      break;
+    }
+  }
+  ::closedir(d);
+  return ino;
+}
+
+// How long a reader waits for its client's name cache to catch up with a `latest` that another
+// client replaced: beyond GlusterFS's and NFS's default timeouts (1 s; NFS revalidates on open).
+constexpr int kLatestRevalidateMs = 3000;
+constexpr int kLatestRevalidateStepMs = 50;
+
+}  // namespace
+
 std::string read_latest_name(const std::string& root, std::string* problem) {
   auto fail = [&](const std::string& why) {
     if (problem) *problem = why;
     return std::string();
   };
   const std::string path = (fs::path(root) / kLatestFileName).string();
-  struct stat sb {};
-  if (::lstat(path.c_str(), &sb) != 0)
-    return fail(errno == ENOENT ? "there is no 'latest'"
-                                : "'latest' cannot be examined: " + std::string(std::strerror(errno)));
-  if (S_ISLNK(sb.st_mode)) return fail("'latest' is a symbolic link (never followed)");
-  if (!S_ISREG(sb.st_mode)) return fail("'latest' is not a regular file");
-  auto text = read_whole_file(path, kMaxLatestBytes);
-  if (!text.ok()) return fail("'latest' cannot be read: " + text.status().message());
-  std::string name = std::move(text).value();
+  const bool revalidate = names_cached_per_client(root);
+  std::string name;
+  for (int waited_ms = 0;; waited_ms += kLatestRevalidateStepMs) {
+    struct stat sb {};
+    if (::lstat(path.c_str(), &sb) != 0)
+      return fail(errno == ENOENT ? "there is no 'latest'"
+                                  : "'latest' cannot be examined: " + std::string(std::strerror(errno)));
+    if (S_ISLNK(sb.st_mode)) return fail("'latest' is a symbolic link (never followed)");
+    if (!S_ISREG(sb.st_mode)) return fail("'latest' is not a regular file");
+    // Read through one descriptor, so that the inode checked below is the one whose bytes were read.
+    int fd = io::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return fail("'latest' cannot be read: " + std::string(std::strerror(errno)));
+    struct stat fsb {};
+    std::string why;
+    name.clear();
+    if (io::fstat(fd, &fsb) != 0 || !S_ISREG(fsb.st_mode)) why = "not a regular file";
+    // From this descriptor (not reopened by name or /proc: on a network file system the file may
+    // be gone from the server by now, and a new open says ESTALE).
+    for (char buf[512]; why.empty();) {
+      const ssize_t n = io::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) why = std::strerror(errno);
+      if (n <= 0) break;
+      name.append(buf, static_cast<size_t>(n));
+      if (name.size() > kMaxLatestBytes) why = "larger than " + std::to_string(kMaxLatestBytes) + " bytes";
+    }
+    io::close(fd);
+    if (!why.empty()) return fail("'latest' cannot be read: " + why);
+    // Another client's rename may not have reached this client's name cache yet: then `latest`
+    // still leads to the file it replaced (an older checkpoint's name). The server's listing says
+    // which file the name holds now; wait until the cache agrees (or the timeout passes).
+    if (!revalidate || listed_inode(root, kLatestFileName) == fsb.st_ino) break;
+    if (waited_ms >= kLatestRevalidateMs) {
+      metrics::log().warn("'{}': the client's cached 'latest' still differs from the server's listing after {} ms; "
+                          "using what it reads",
+                          path, waited_ms);
+      break;
+    }
+    ::usleep(kLatestRevalidateStepMs * 1000);
+  }
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   if (!plausible_name(name)) return fail("'latest' does not hold a checkpoint name (\"" + excerpt(name) + "\")");
   if (is_temp_name(name)) return fail("'latest' names '" + name + "', a save that never committed");
