@@ -54,7 +54,7 @@ PKGDIR=$ROOT/.devpkgs
 CORE_PKGS="openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libpmix-dev
   libhdf5-openmpi-103-1 libhdf5-openmpi-hl-100 libhdf5-openmpi-dev libspdlog1.10 libspdlog-dev
   libfmt9 libfmt-dev libgtest-dev libxxhash0 libxxhash-dev nlohmann-json3-dev libcli11-dev
-  libtomlplusplus3 libtomlplusplus-dev"
+  libtomlplusplus3 libtomlplusplus-dev libsodium23 libsodium-dev"
 # What the above load at run time (ldd of mpirun, orted, Open MPI's and PMIx's plugins, libhdf5,
 # spdlog, fmt, toml++, xxhash on Debian 12), minus libc6, libstdc++6, libgcc-s1, libudev1, libuuid1.
 COMMON_PKGS="libaec0 libsz2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0
@@ -63,7 +63,7 @@ COMMON_PKGS="libaec0 libsz2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1
   libgssapi-krb5-2 libhogweed6 libidn2-0 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0
   libldap-2.5-0 libnettle8 libnghttp2-14 libp11-kit0 libpsl5 librtmp1 libsasl2-2 libssh2-1
   libtasn1-6 libunistring2 libzstd1 zlib1g libatomic1"
-CORE_RE='^(openmpi-|libopenmpi|libpmix|libhdf5-|libspdlog|libfmt|libgtest|libxxhash|nlohmann|libcli11|libtomlplusplus)'
+CORE_RE='^(openmpi-|libopenmpi|libpmix|libhdf5-|libspdlog|libfmt|libgtest|libxxhash|nlohmann|libcli11|libtomlplusplus|libsodium)'
 
 if [[ ${1:-} == --download ]]; then
   set -e
