@@ -35,11 +35,16 @@ inline std::string printable(std::string_view s) {
 }
 
 inline std::string to_string_shape(const Shape& s) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
-  os << ']';
-  return os.str();
+  // std::to_string, not a stream: no locale is consulted (a process whose C++ runtime state was
+  // set up by another library, as in a Python interpreter that loaded torch, crashed in
+  // ostream::operator<< here; this also runs for every region identity of every save).
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ',';
+    r += std::to_string(s[i]);
+  }
+  r += ']';
+  return r;
 }
 
 inline std::string to_string_spec(const ShardSpec& s) {
