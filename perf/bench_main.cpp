@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   bool no_prewarm = false, no_drop = false, keep = false;
   uint64_t staging = 0;
   std::string memory_bytes;
-  std::string config_file, device_kind = "none";
+  std::string config_file, device_kind = "none", auth_key_file;
   app.add_option("--tp", save_l.tp, "save layout: tensor parallel size");
   app.add_option("--pp", save_l.pp, "save layout: pipeline parallel size");
   app.add_option("--dp", save_l.dp, "save layout: data parallel size (default: world / (tp*pp))");
@@ -238,6 +238,9 @@ int main(int argc, char** argv) {
                  "also save from and load into device memory: cuda (needs a GPU) or simulated (the CPU stand-in; "
                  "exercises the path, its times mean nothing)")
       ->check(CLI::IsMember({"none", "cuda", "simulated"}));
+  app.add_option("--auth-key-file", auth_key_file,
+                 "authenticate every save and load with this key (also checkpointer.auth_key_file / "
+                 "$H5CKPT_AUTH_KEY_FILE): load_verified_over_unverified is then the cost of keyed MACs");
   app.add_option("--config", config_file, "h5ckpt configuration file (also $H5CKPT_CONFIG and H5CKPT_* variables)");
   try {
     app.parse(argc, argv);
@@ -287,6 +290,7 @@ int main(int argc, char** argv) {
 
   const Config config = check(resolve_config(config_file), "configuration");
   CheckpointerOptions copts = config.checkpointer;
+  if (!auth_key_file.empty()) copts.auth_key_file = auth_key_file;
   if (staging) copts.staging_bytes = staging;
   copts.metrics = false;  // the benchmark reports its own figures
   if (memory_bytes == "eighth") {  // 1/8 of the largest rank's share of the unique bytes
@@ -615,6 +619,7 @@ int main(int argc, char** argv) {
     s["reshard_load_over_load"] = m("reshard_load_s") / m("load_s");
     // Verification's cost (issue target: <= 1.10): verified over unverified, same layout and resharded.
     s["load_verified_over_unverified"] = m("load_s") / m("load_unverified_s");
+    s["authenticated"] = !copts.auth_key_file.empty();
     s["reshard_verified_over_unverified"] = m("reshard_load_s") / m("reshard_load_unverified_s");
     s["load_bytes_read_verified_over_unverified"] = m("load_bytes_read") / m("load_unverified_bytes_read");
     if (device_kind != "none") {
