@@ -266,9 +266,9 @@ int run_export(const ExportArgs& a) {
   if (!reader.ok()) return print_error("cannot read '" + a.path + "'", reader.status()), exit_for(reader.status());
   const CheckpointInfo* info = &reader->info();
 
-  // Header first: names, dtypes, shapes and offsets are known from the metadata alone.
-  std::vector<const TensorInfo*> selected;
-  json header = json::object();
+  // Names first (known from the metadata alone), then one file through the sharded path's writer:
+  // a temporary sibling renamed at the end, so OUT is either complete or absent.
+  std::vector<NamedTensor> selected;
   uint64_t offset = 0;
   for (const auto& t : info->tensors) {
     if (t.key.rfind(a.prefix, 0) != 0) continue;
@@ -277,59 +277,15 @@ int run_export(const ExportArgs& a) {
       std::cerr << "h5ckpt: export: key '" << t.key << "' gives the invalid tensor name '" << name << "'\n";
       return kExitError;
     }
-    header[name] = {
-        {"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
-    selected.push_back(&t);
+    selected.push_back({std::move(name), &t});
   }
   if (selected.empty()) {
     std::cerr << "h5ckpt: export: no tensor key starts with '" << a.prefix << "' in '" << info->path << "'\n";
     return kExitError;
   }
-  // __metadata__ values must be strings. "format": "pt" is what transformers expects.
-  header["__metadata__"] = {{"format", "pt"},
-                            {"h5ckpt_source", info->path},
-                            {"h5ckpt_step", std::to_string(info->step)},
-                            {"h5ckpt_library_version", info->library_version},
-                            {"h5ckpt_prefix", a.prefix}};
-  std::string text = header.dump();
-  text.resize((text.size() + 7) / 8 * 8, ' ');
-  uint8_t len_le[8];
-  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-
-  // Written to a temporary sibling and renamed, so OUT is either complete or absent.
-  OutFile out;
-  out.path = a.out + ".tmp-" + std::to_string(::getpid());
-  out.f = std::fopen(out.path.c_str(), "wb");
-  if (!out.f) {
-    std::cerr << "h5ckpt: export: cannot create '" << out.path << "': " << std::strerror(errno) << "\n";
-    out.path.clear();
-    return kExitError;
-  }
-  Status st = write_all(out.f, len_le, 8, out.path);
-  if (st.ok()) st = write_all(out.f, text.data(), text.size(), out.path);
-  std::vector<char> buf;
-  for (const TensorInfo* t : selected) {
-    if (!st.ok()) break;
-    const int64_t n = numel_of(t->shape), per = chunk_elements(t->dtype, a.chunk_bytes);
-    buf.resize(static_cast<size_t>(std::min(n, per)) * dtype_size(t->dtype));
-    for (int64_t b = 0; b < n && st.ok(); b += per) {
-      const int64_t cnt = std::min(per, n - b);
-      st = read_flat(*reader, *t, b, b + cnt, t->dtype, buf.data());
-      if (!st.ok()) st = st.with_context("reading '" + t->key + "'");
-      else st = write_all(out.f, buf.data(), static_cast<size_t>(cnt) * dtype_size(t->dtype), out.path);
-    }
-  }
-  if (st.ok() && (std::fflush(out.f) != 0 || ::fsync(::fileno(out.f)) != 0))
-    st = Status(ErrorCode::kIo, "flushing '" + out.path + "' failed: " + std::strerror(errno));
-  if (st.ok()) {
-    std::fclose(out.f);
-    out.f = nullptr;
-    if (std::rename(out.path.c_str(), a.out.c_str()) != 0)
-      st = Status(ErrorCode::kIo, "cannot rename '" + out.path + "' to '" + a.out + "': " + std::strerror(errno));
-    else out.keep = true;
-  }
-  if (!st.ok()) return print_error("export", st), exit_for(st);
+  if (Status st = write_safetensors_file(*reader, *info, a, selected, a.out); !st.ok())
+    return print_error("export", st), exit_for(st);
   std::cout << "exported " << selected.size() << " tensors (" << human_bytes(offset) << ") from " << info->path
             << " to " << a.out << "\n";
   return kExitOk;
