@@ -233,7 +233,11 @@ TEST_F(CommitSafety, DirectoryLoadSelectsNewestValidCheckpoint) {
   });
   auto r2 = ck.load(s.state(), none);
   ASSERT_FALSE(r2.ok());
-  EXPECT_NE(r2.status().message().find("no other checkpoint"), std::string::npos) << r2.status().to_string();
+  // "corrupt" naming each checkpoint, never "not found" (a trainer would start fresh over them).
+  EXPECT_EQ(r2.status().code(), ErrorCode::kCorrupt) << r2.status().to_string();
+  EXPECT_NE(r2.status().message().find("none validates"), std::string::npos) << r2.status().to_string();
+  for (const char* n : {"step-1:", "step-2:", "step-3"})
+    EXPECT_NE(r2.status().message().find(n), std::string::npos) << r2.status().to_string();
 }
 
 TEST_F(CommitSafety, SecondJobSavingIntoTheDirectoryIsRefused) {

@@ -86,7 +86,9 @@ Result<TransferPlan> plan_transfer(const std::vector<std::vector<ItemDesc>>& sou
     }
   }
   // Distinct source shards of a key must be disjoint: then every element has one set of holders.
-  for (auto& [key, k] : keys) {
+  for (auto& entry : keys) {  // not a structured binding: clang 14 cannot capture one (fuzz build)
+    const auto& key = entry.first;
+    auto& k = entry.second;
     for (size_t s = 0; s < k.shards.size(); ++s)
       for (Box& b : shard_boxes(k.shards[s].shard)) {
         k.boxes.push_back(std::move(b));
