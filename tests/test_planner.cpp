@@ -4,6 +4,8 @@
 // totals recomputed from the simulated ranks' own descriptions.
 #include <gtest/gtest.h>
 
+#include "util/checked_math.h"  // printable
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -657,7 +659,7 @@ TEST(PlanSaveErrors, InvalidAndReservedKeys) {
     EXPECT_EQ(plan.status().code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(plan.status().message().find("rank 1"), std::string::npos) << plan.status().message();
     // Keys are quoted printable: bytes outside ASCII as \xNN (a damaged key never cuts the message).
-    EXPECT_NE(plan.status().message().find("key '" + printable(k) + "'"), std::string::npos)
+    EXPECT_NE(plan.status().message().find("key '" + h5ckpt::printable(k) + "'"), std::string::npos)
         << plan.status().message();
   }
   EXPECT_NE(validate_key("meta/x").message().find("reserved"), std::string::npos);
