@@ -243,7 +243,7 @@ Status RegionReader::read_region(const TensorInfo& t, size_t index, void* dst) {
   // The region's own stream, whole blocks at a time: no other region's bytes are looked at, so
   // verifying every region of a tensor is linear in its regions.
   const int64_t be = checked ? static_cast<int64_t>(rb.block_bytes / es) : n;
-  if (checked && (be <= 0 || rb.block_bytes % es != 0 || rb.block_bytes > max_block_bytes(region_slab_bytes(reg.shard, t.dtype)) || (rb.seeded && rb.sums->size() != block_count(static_cast<uint64_t>(n) * es, rb.block_bytes))))
+  if (checked && !blocks_fit(t, reg, rb))
     return Status(ErrorCode::kCorrupt, "verification blocks of tensor '" + t.key + "' region " + std::to_string(index) +
                                            " do not fit the region");
   const int64_t step = checked ? std::max<int64_t>(1, static_cast<int64_t>(kVerifyChunkBytes / rb.block_bytes)) * be

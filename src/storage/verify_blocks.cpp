@@ -100,6 +100,14 @@ RegionBlocks region_blocks(const TensorInfo& t, const SavedRegion& r) {
   return b;
 }
 
+bool blocks_fit(const TensorInfo& t, const SavedRegion& r, const RegionBlocks& rb) {
+  const uint64_t es = dtype_size(t.dtype);
+  const uint64_t region_bytes = static_cast<uint64_t>(r.shard.numel()) * es;
+  return rb.block_bytes != 0 && rb.block_bytes % es == 0 &&
+         rb.block_bytes <= max_block_bytes(region_slab_bytes(r.shard, t.dtype)) &&
+         (!rb.seeded || rb.sums->size() == block_count(region_bytes, rb.block_bytes));
+}
+
 namespace {
 std::string region_name(const TensorInfo& t, size_t i) {
   const SavedRegion& r = t.regions[i];
@@ -140,9 +148,7 @@ Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& w
       spans.push_back({ri, lo, hi, false, 0});
       continue;
     }
-    const uint64_t region_bytes = static_cast<uint64_t>(n) * es;
-    if (rb.block_bytes == 0 || rb.block_bytes % es != 0 || rb.block_bytes > max_block_bytes(region_slab_bytes(reg.shard, t.dtype)) ||
-        (rb.seeded && rb.sums->size() != block_count(region_bytes, rb.block_bytes)))
+    if (!blocks_fit(t, reg, rb))
       return Status(ErrorCode::kCorrupt, "verification blocks of " + region_name(t, ri) + " do not fit the region");
     const int64_t be = static_cast<int64_t>(rb.block_bytes / es);
     const int64_t b0 = lo / be * be, b1 = std::min((hi + be - 1) / be * be, n);

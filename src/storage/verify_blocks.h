@@ -77,6 +77,10 @@ struct RegionBlocks {
 };
 RegionBlocks region_blocks(const TensorInfo& t, const SavedRegion& r);
 
+/// Whether a verified region's blocks fit it: a block size that is a whole number of elements, no
+/// larger than a save writes, and (seeded blocks) exactly ceil(region bytes / block bytes) sums.
+bool blocks_fit(const TensorInfo& t, const SavedRegion& r, const RegionBlocks& rb);
+
 /// A part of one saved region's canonical stream, in elements [begin, end): for a verified
 /// region whole blocks, which a read loads, checks and then copies the wanted part out of.
 struct CheckedSpan {
