@@ -7,7 +7,7 @@
 #   scripts/gluster.sh stop --dir DIR
 #   scripts/gluster.sh status --dir DIR
 #   scripts/gluster.sh kill-brick --dir DIR I        # kill -9 brick I (1..B): a dead storage server
-#   scripts/gluster.sh restart-brick --dir DIR       # bring dead bricks back (volume start force)
+#   scripts/gluster.sh restart-brick --dir DIR       # bring dead bricks back; waits until every client is reconnected
 #   scripts/gluster.sh run --dir DIR [--bricks B] [--clients N] -- COMMAND ARGS...
 #
 # start: bricks are DIR/bricks/b1..bB (B = 2 by default), the volume is distributed over them and
@@ -278,6 +278,19 @@ do_restart_brick() {
       sleep 0.1
     done
   done
+  # A live brick is not yet a usable one: each client reconnects on its own timer (about 2 s here),
+  # and until then files on that brick look absent. Wait until every client's protocol translator
+  # reports itself connected (the mount's virtual .meta tree).
+  local mnt x
+  while IFS= read -r mnt; do
+    t=300
+    for x in "$mnt"/.meta/graphs/active/"$vol"-client-*; do
+      until grep -q '^connected = 1' "$x/private" 2>/dev/null; do
+        ((t-- > 0)) || die "client $mnt did not reconnect to $(basename "$x") of $vol"
+        sleep 0.1
+      done
+    done
+  done < <(client_mounts "$DIR")
 }
 
 case $CMD in
