@@ -10,19 +10,20 @@
 #include "device/staging.h"
 #include "engine/async_saver.h"
 #include "engine/engine.h"
-#include "engine/local_level.h"
+#include "engine/level.h"
 #include "engine/memory_budget.h"
 #include "storage/auth.h"
-#include "storage/local_store.h"
 #include "metrics/log.h"
 
 namespace h5ckpt {
 
 struct Checkpointer::Impl {
   Impl(const Topology& t, const CheckpointerOptions& o)
-      : topology(&t), options(o), budget(o.memory_bytes), async(detail::TopologyAccess::of(t), o, pool) {
+      : topology(&t), options(o), budget(o.memory_bytes), async(detail::TopologyAccess::of(t), o, pool),
+        level(engine::make_level({comms(), options, pool, load_cache, device_link})) {
     pool.set_budget(&budget);
   }
+  ~Impl() { async.finish_pending(); }  // the I/O thread uses `level`, destroyed first
   Topology::Impl& comms() const { return detail::TopologyAccess::of(*topology); }
   const Topology* topology;
   CheckpointerOptions options;
@@ -34,33 +35,10 @@ struct Checkpointer::Impl {
   engine::StagingPool pool;  // declared before `async`, which uses it until it is destroyed
   engine::DeviceLink device_link;
   engine::AsyncSaver async;
-  // Multi-level checkpoints (local_dir).
-  std::shared_ptr<const engine::local::NodeMap> nodes;  // made by the first local save or load
-  int64_t local_saves = 0;
-  std::string resolved_for;  // the path of `resolved`, until the next save
+  std::unique_ptr<engine::Level> level;  // chosen once: shared, or node-local (local_dir)
+  // The answer of a resolve(), used by the load of the same path right after it.
+  std::string resolved_for;
   std::optional<engine::local::Resolution> resolved;
-
-  bool local() const { return !options.local_dir.empty(); }
-  Status ensure_nodes() {
-    if (nodes) return Status::Ok();
-    H5CKPT_ASSIGN_OR_RETURN(nodes, engine::local::make_node_map(comms()));
-    return Status::Ok();
-  }
-  /// The local part of a save of `state` once its job is prepared.
-  engine::local::LocalSave local_save(const engine::SaveJob& job, const StateDict& state, bool persist) {
-    engine::local::LocalSave l;
-    l.nodes = nodes;
-    l.dir = storage::expand_local_dir(options.local_dir, nodes->my_node);
-    l.name = std::filesystem::path(job.path).filename().string();
-    l.persist = persist;
-    l.check_private = true;  // every save: two agreements, and a disk mounted late is caught too
-    auto w = engine::plan_my_writes(comms().world.rank(), job, state, engine::local::kPersistPiece);
-    if (w.ok()) {  // a failure shows in the local write first
-      for (const auto& x : *w) l.my_bytes += x.bytes;
-      if (persist) l.persist_writes = std::move(w).value();
-    }
-    return l;
-  }
 };
 
 Checkpointer::Checkpointer(const Topology& topology, const CheckpointerOptions& options)
@@ -118,24 +96,10 @@ Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string&
   H5CKPT_RETURN_IF_ERROR(agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("save '" + path + "'"));
   wait_pending();
   impl_->resolved.reset();
-  if (impl_->local()) {
-    H5CKPT_RETURN_IF_ERROR(impl_->ensure_nodes());
-    const bool persist = engine::local::should_persist(options, impl_->options, ++impl_->local_saves);
-    H5CKPT_ASSIGN_OR_RETURN(engine::SaveJob job, engine::save_prepare(impl_->comms(), state, path, options,
-                                                                      impl_->attributes, impl_->plan_cache, false));
-    engine::local::LocalSave l = impl_->local_save(job, state, persist);
-    // Device pieces go through two halves of the pool, as in a shared save.
-    const uint64_t half =
-        engine::has_device_items(state) ? std::min<uint64_t>(impl_->options.max_piece_bytes, 64ull << 20) : 0;
-    auto writes =
-        engine::plan_my_writes(impl_->comms().world.rank(), job, state, half ? half : impl_->options.max_piece_bytes);
-    if (Status ordered = half ? device::staging().order_after(options.device_stream) : Status::Ok(); !ordered.ok())
-      writes = ordered.with_context("waiting for the device before the snapshot");
-    auto source = engine::caller_buffer_source(std::move(writes), state, impl_->pool, half);
-    return engine::local::save_local(impl_->comms(), job, impl_->options, l, *source);
-  }
-  return engine::save(impl_->comms(), state, path, options, impl_->attributes, impl_->plan_cache, impl_->options,
-                      impl_->pool);
+  H5CKPT_ASSIGN_OR_RETURN(engine::SaveJob job,
+                          impl_->level->prepare_save(state, path, options, impl_->attributes, impl_->plan_cache));
+  auto source = engine::caller_source(impl_->comms(), job, state, options, impl_->options, impl_->pool);
+  return impl_->level->save(impl_->comms(), job, *source);
 }
 
 Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::string& path,
@@ -160,37 +124,13 @@ Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::s
     return detail::SaveHandleAccess::make(done);
   }
   impl_->resolved.reset();
-  if (impl_->local()) {
-    wait_pending();  // the node map is made collectively on this thread, never beside the I/O thread
-    H5CKPT_RETURN_IF_ERROR(impl_->ensure_nodes());
-    const bool persist = engine::local::should_persist(options, impl_->options, ++impl_->local_saves);
-    Impl* impl = impl_.get();
-    auto make = [impl, &state, persist](const engine::SaveJob& job) -> engine::AsyncSaver::Backend {
-      auto l = std::make_shared<engine::local::LocalSave>(impl->local_save(job, state, persist));
-      const CheckpointerOptions copts = impl->options;
-      return [l, copts](const Topology::Impl& io, engine::SaveJob& j, engine::WriteSource& source) {
-        return engine::local::save_local(io, j, copts, *l, source);
-      };
-    };
-    return impl_->async.start(state, path, options, impl_->attributes, impl_->plan_cache, make, false);
-  }
-  return impl_->async.start(state, path, options, impl_->attributes, impl_->plan_cache);
+  return impl_->async.start(state, path, options, impl_->attributes, impl_->plan_cache, *impl_->level);
 }
 
 Result<ResolvedCheckpoint> Checkpointer::resolve(const std::string& path) {
   wait_pending();
+  H5CKPT_ASSIGN_OR_RETURN(auto res, impl_->level->resolve(path, true));
   ResolvedCheckpoint out;
-  if (!impl_->local()) {
-    auto info = read_checkpoint_info(path);
-    // Every rank reads; they agree so that every rank returns the same outcome.
-    H5CKPT_RETURN_IF_ERROR(comm::agree(info.status(), impl_->comms().world.get()).with_context("resolve '" + path + "'"));
-    out.info = std::move(info).value();
-    out.level = "shared";
-    out.reason = "shared checkpoint '" + out.info.path + "' (no local level configured)";
-    return out;
-  }
-  H5CKPT_RETURN_IF_ERROR(impl_->ensure_nodes());
-  H5CKPT_ASSIGN_OR_RETURN(auto res, engine::local::resolve(impl_->comms(), path, impl_->options, *impl_->nodes, true));
   out.info = res.info;
   out.level = res.local ? "local" : "shared";
   out.reason = res.reason;
@@ -203,28 +143,15 @@ Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path,
   H5CKPT_RETURN_IF_ERROR(engine::check_memory_bytes(impl_->options.memory_bytes).with_context("load '" + path + "'"));
   H5CKPT_RETURN_IF_ERROR(agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("load '" + path + "'"));
   wait_pending();
-  if (impl_->local()) {
-    // The answer of a resolve() of this path right before, else a fresh one; used once, so a later
-    // load sees the nodes' storage as it is then. Every rank has the same (resolve is collective).
-    if (!impl_->resolved || impl_->resolved_for != path) {
-      H5CKPT_RETURN_IF_ERROR(impl_->ensure_nodes());
-      H5CKPT_ASSIGN_OR_RETURN(auto fresh,
-                              engine::local::resolve(impl_->comms(), path, impl_->options, *impl_->nodes, false));
-      impl_->resolved = std::move(fresh);
-    }
-    const engine::local::Resolution res = std::move(*impl_->resolved);
-    impl_->resolved.reset();
-    // The same answer on every rank (resolve is collective), so is this refusal.
-    if (res.local && options.check_only)
-      return Status(ErrorCode::kInvalidArgument, "check_only checks loads from the shared level only; this load "
-                                                 "would read the node-local checkpoint '" + res.dir + "'")
-          .with_context("load '" + path + "'");
-    if (res.local) return engine::local::load_local(impl_->comms(), state, res, options);
-    return engine::load(impl_->comms(), state, res.info.path, options, impl_->options, impl_->load_cache, impl_->pool,
-                        impl_->device_link);
+  // The answer of a resolve() of this path right before, else a fresh one; used once, so a later
+  // load sees the storage as it is then. Every rank has the same (resolve is collective).
+  if (!impl_->resolved || impl_->resolved_for != path) {
+    H5CKPT_ASSIGN_OR_RETURN(auto fresh, impl_->level->resolve(path, false));
+    impl_->resolved = std::move(fresh);
   }
-  return engine::load(impl_->comms(), state, path, options, impl_->options, impl_->load_cache, impl_->pool,
-                      impl_->device_link);
+  const engine::local::Resolution res = std::move(*impl_->resolved);
+  impl_->resolved.reset();
+  return impl_->level->load(state, res, options);
 }
 
 void Checkpointer::set_attribute(const std::string& name, const std::string& value) { impl_->attributes[name] = value; }

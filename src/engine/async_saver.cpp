@@ -113,7 +113,7 @@ std::shared_ptr<SaveHandle::State> AsyncSaver::finish_pending() {
 
 Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& path, const SaveOptions& options,
                                      const std::map<std::string, std::string>& attributes, PlanCache& cache,
-                                     const MakeBackend& make_backend, bool shared_dir) {
+                                     Level& level) {
   // At most one save in flight: the previous one must commit before this one snapshots into
   // the same pool. Its failure, if nobody saw it, is this call's answer.
   if (auto prev = finish_pending()) {
@@ -127,9 +127,8 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   if (!io_comms_) H5CKPT_RETURN_IF_ERROR(comm::agree(ensure_io_comms(), topo_.world.get()));
   // The same first phase as a synchronous save, on the caller's thread: its errors (an existing
   // checkpoint, a bad shard) are this call's answer, not wait()'s.
-  H5CKPT_ASSIGN_OR_RETURN(SaveJob prepared, save_prepare(topo_, state, path, options, attributes, cache, shared_dir));
+  H5CKPT_ASSIGN_OR_RETURN(SaveJob prepared, level.prepare_save(state, path, options, attributes, cache));
   auto job = std::make_shared<SaveJob>(std::move(prepared));
-  Backend backend = make_backend ? make_backend(*job) : Backend{};
   job->report.async = true;
 
   const int rank = topo_.world.rank();
@@ -158,11 +157,11 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   auto source = std::make_shared<StagedSource>(pool_, staged);
   if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
   const Topology::Impl& io = *io_comms_;
-  const CheckpointerOptions copts = options_;
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
   // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
   const bool after_snapshot = staged && pool_.capacity() >= mine;
-  worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot, backend, shared_dir] {
+  Level* lvl = &level;  // outlives the thread: the Checkpointer joins it before destroying its level
+  worker_ = std::thread([st, source, job, my_writes, &io, after_snapshot, lvl] {
     if (after_snapshot) source->wait_closed();
     // Ranks whose snapshot is done wait here for the others without taking their CPU.
     PhaseScope scope("save_async", "start");
@@ -170,27 +169,22 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     Result<SaveReport> result = ready;
     if (!ready.ok()) {
       while (auto w = source->next()) source->done(*w);  // the snapshot must not wait for a writer
-      if (io.world.rank() == io.coordinator && shared_dir) {
-        (void)storage::remove_tree(job->temp);
-        storage::release_save_lock(job->path);  // held since save_prepare
-      }
-    } else if (backend) {
-      result = backend(io, *job, *source);
-      std::lock_guard<std::mutex> lock(st->mu);  // the backend drained the source: the snapshot is done
+      lvl->abandon(io, *job);
+    } else {
+      // The snapshot's figures go into the report before a commit records it (the source is
+      // drained by then).
+      job->before_commit = [st](SaveReport& r) {
+        std::lock_guard<std::mutex> lock(st->mu);
+        r.snapshot_s = st->snapshot_s;
+        r.blocked_bytes = st->blocked_bytes;
+      };
+      result = lvl->save(io, *job, *source);
+      std::lock_guard<std::mutex> lock(st->mu);  // the level drained the source: the snapshot is done
       if (result.ok()) {
         result->snapshot_s = st->snapshot_s;
         result->blocked_bytes = st->blocked_bytes;
         result->async = true;
       }
-    } else if (Status written = save_write(io, *job, copts, *source); !written.ok()) {
-      result = written;
-    } else {
-      {
-        std::lock_guard<std::mutex> lock(st->mu);  // the snapshot is done: the source was drained
-        job->report.snapshot_s = st->snapshot_s;
-        job->report.blocked_bytes = st->blocked_bytes;
-      }
-      result = save_commit(io, *job, copts);
     }
     std::lock_guard<std::mutex> lock(st->mu);
     st->result = std::move(result);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/level.h"
 #include "engine/staging_pool.h"
 
 namespace h5ckpt {
@@ -32,15 +33,10 @@ class AsyncSaver {
   AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options, StagingPool& pool);
   ~AsyncSaver();
 
-  /// What the I/O thread runs with the snapshot as its source (default: save_write + save_commit).
-  using Backend = std::function<Result<SaveReport>(const Topology::Impl& io, SaveJob& job, WriteSource& source)>;
-  /// Makes the backend on the caller's thread once the job is prepared (it may still read the state).
-  using MakeBackend = std::function<Backend(const SaveJob& job)>;
-
-  /// See Checkpointer::save_async. Collective over topo.world. `shared_dir`: see save_prepare.
+  /// See Checkpointer::save_async. Collective over topo.world: `level` prepares the job on this
+  /// thread and saves it on the I/O thread with the snapshot as its source.
   Result<SaveHandle> start(const StateDict& state, const std::string& path, const SaveOptions& options,
-                           const std::map<std::string, std::string>& attributes, PlanCache& cache,
-                           const MakeBackend& make_backend = nullptr, bool shared_dir = true);
+                           const std::map<std::string, std::string>& attributes, PlanCache& cache, Level& level);
 
   /// Waits for the save in flight (if any); returns its state, or null.
   std::shared_ptr<SaveHandle::State> finish_pending();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -85,6 +86,10 @@ struct SaveJob {
   // Written by save_write, read by save_commit.
   std::vector<int64_t> offsets;                 ///< file offset of every dataset
   std::vector<wire::RegionChecksum> checksums;  ///< of the regions this rank wrote
+  std::shared_ptr<void> level_state;  ///< what the level (engine/level.h) captured at prepare
+  /// Called by the level once `source` is drained, before the commit records the report (an
+  /// async save adds its snapshot's figures).
+  std::function<void(SaveReport&)> before_commit;
 };
 
 /// Phase 1, collective: local checks; the coordinator makes the temporary directory (refusing an
@@ -125,11 +130,6 @@ inline Result<std::string> bcast_outcome(const Result<std::string>& on_root, con
 /// Phase 3, collective over comms.world: checksums to the coordinator, which assembles the
 /// metadata and commits it in one storage call; the report is recorded and returned.
 Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts);
-
-/// Synchronous save: the three phases with the caller's buffers as the source.
-Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
-                        const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // Load

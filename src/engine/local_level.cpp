@@ -775,6 +775,7 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
     res.reason = r.get_string();
     if (!res.local) {
       res.info.path = r.get_string();  // the shared checkpoint the ordinary load then reads
+      res.load_path = res.info.path;
       if (!with_info) return res;
       auto info = read_checkpoint_info(res.info.path);  // every rank: the caller builds its state from it
       if (!info.ok()) return info.status().with_context(res.reason);

@@ -68,6 +68,10 @@ struct Resolution {
   bool local = false;
   std::string reason;  ///< one sentence: which level and step, and why
   CheckpointInfo info;
+  /// What a load from the shared level opens: the shared checkpoint chosen here, or (a shared
+  /// level's resolution) the path as the caller gave it, which the load resolves itself.
+  std::string load_path;
+  std::string requested;  ///< the path the caller resolved (for messages)
   // Local only:
   std::vector<planner::TensorPlan> tensors;
   storage::LocalManifest manifest;

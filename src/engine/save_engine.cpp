@@ -504,25 +504,6 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
   return report;
 }
 
-Result<SaveReport> save(const Topology::Impl& topo, const StateDict& state, const std::string& path,
-                        const SaveOptions& options, const std::map<std::string, std::string>& attributes,
-                        PlanCache& cache, const CheckpointerOptions& copts, StagingPool& pool) {
-  H5CKPT_ASSIGN_OR_RETURN(SaveJob job, save_prepare(topo, state, path, options, attributes, cache));
-  const bool any_device = has_device_items(state);
-  // Device pieces are bounded by half the pool (or kDeviceHalfBytes when the pool is unbounded).
-  constexpr uint64_t kDeviceHalfBytes = 64ull << 20;
-  uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;
-  if (copts.memory_bytes) bound = std::min<uint64_t>(bound, copts.memory_bytes / 2);  // both halves fit the budget
-  const uint64_t half = any_device ? std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes, bound)) : 0;
-  auto writes = plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes);
-  // The snapshot must see the state as it is once the trainer's queued device work is done.
-  if (Status ordered = any_device ? device::staging().order_after(options.device_stream) : Status::Ok(); !ordered.ok())
-    writes = ordered.with_context("waiting for the device before the snapshot");
-  auto source = caller_buffer_source(std::move(writes), state, pool, half);
-  H5CKPT_RETURN_IF_ERROR(save_write(topo, job, copts, *source));
-  return save_commit(topo, job, copts);
-}
-
 void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copts, const SaveReport& r) {
   if (!copts.metrics) return;
   const Status st = metrics::write_metrics(
