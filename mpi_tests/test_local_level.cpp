@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/local_level.h"
 #include "storage/local_store.h"
@@ -143,6 +144,55 @@ TEST_F(LocalLevel, ReshardsFromTheLocalLevel) {
   expect_loads(ck, layout_b(), shared, 5);
   // A load naming the checkpoint itself (not its directory) finds the same local copy.
   expect_loads(ck, layout_b(), step_path(5), 5);
+}
+
+// Under a tiny memory budget the load streams through a window of a few hundred bytes per peer:
+// many rounds, chunks cut inside runs of mixed dtypes (u8, f32, bf16, i64; a 5-byte u8 run puts
+// the f32 run after it off its alignment), a float conversion applied run by run as it lands, and
+// the library's own memory within the budget.
+TEST_F(LocalLevel, ReshardsThroughASmallWindowWithinTheBudget) {
+  const int w = world_size();
+  const int64_t per_u8 = 5, per_f32 = 301;
+  auto u8_value = [](int64_t i) { return static_cast<uint8_t>(i * 37 + 11); };
+  auto f32_value = [](int64_t i) { return 0.25f * static_cast<float>(i) - 7.0f; };
+  {
+    Topology t = topology(layout_a());
+    Checkpointer ck(t, opts);
+    Saved s(layout_a(), true, 9);
+    // Each rank saves its own shard of both: it is their only writer, so one server's stream to
+    // a rank that loads them whole is [5 bytes][301 f32] per saved rank.
+    std::vector<uint8_t> u8(per_u8);
+    std::vector<float> f32(per_f32);
+    for (int64_t i = 0; i < per_u8; ++i) u8[i] = u8_value(world_rank() * per_u8 + i);
+    for (int64_t i = 0; i < per_f32; ++i) f32[i] = f32_value(world_rank() * per_f32 + i);
+    s.state().add("extra/a_u8", DType::kU8, {w * per_u8}, ShardSpec::split({w * per_u8}, 0, w, world_rank()), u8.data());
+    s.state().add("extra/b_converted", DType::kF32, {w * per_f32},
+                  ShardSpec::split({w * per_f32}, 0, w, world_rank()), f32.data());
+    SaveOptions so;
+    so.step = 9;
+    ASSERT_TRUE(ck.save(s.state(), step_path(9), so).ok());
+  }
+  CheckpointerOptions small = opts;
+  small.memory_bytes = 2048;
+  Topology t = topology(layout_b());
+  Checkpointer ck(t, small);
+  Saved s(layout_b(), false, -1);
+  std::vector<uint8_t> u8(static_cast<size_t>(w * per_u8), 0);
+  std::vector<double> f64(static_cast<size_t>(w * per_f32), -1.0);  // loaded whole, as f64
+  s.state().add_replicated("extra/a_u8", DType::kU8, {w * per_u8}, u8.data());
+  s.state().add_replicated("extra/b_converted", DType::kF64, {w * per_f32}, f64.data());
+  ck.reset_memory_peak();
+  auto rep = ck.load(s.state(), shared);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(rep->transport, "mpi-local");
+  std::string first;
+  EXPECT_EQ(s.model.count_mismatches(&first), 0) << first;
+  EXPECT_EQ(s.step, 9);
+  for (int64_t i = 0; i < w * per_u8; ++i) ASSERT_EQ(u8[static_cast<size_t>(i)], u8_value(i)) << "u8 element " << i;
+  for (int64_t i = 0; i < w * per_f32; ++i)
+    ASSERT_EQ(f64[static_cast<size_t>(i)], static_cast<double>(f32_value(i))) << "converted element " << i;
+  EXPECT_LE(ck.memory_peak_bytes(), small.memory_bytes);
+  EXPECT_GT(ck.memory_peak_bytes(), 0u) << "the window was never leased from the budget";
 }
 
 TEST_F(LocalLevel, LostNodeIsServedFromItsPartnerCopy) {

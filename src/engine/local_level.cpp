@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <map>
 #include <set>
 #include <thread>
@@ -841,8 +842,117 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
 
 // ---- loading from the local level -----------------------------------------------------------
 
+namespace {
+
+// ---- the served streams of a local load ------------------------------------------------------
+
+// A run of a server's stream to one requester: `bytes` at `offset` of saved rank `writer`'s file.
+struct ServedRun {
+  int writer;
+  uint64_t offset, bytes, esize;
+};
+// The same run at the requester: into element `dst` of dests[dest]'s landing buffer.
+struct LandingRun {
+  size_t dest;
+  uint64_t dst, bytes, esize;
+};
+struct RunCursor {
+  size_t run = 0;
+  uint64_t within = 0;  // bytes of runs[run] already done
+};
+// The smallest chunk: above any element, a multiple of every element size.
+constexpr int64_t kMinChunk = 64;
+
+// The next piece of a chunk that has `room` bytes left: the rest of the run, or as many of its
+// whole elements as fit (0: the chunk ends here). Both sides of a stream cut with this alone.
+template <class Run>
+uint64_t next_piece(const Run& run, uint64_t within, uint64_t room) {
+  const uint64_t left = run.bytes - within;
+  return left <= room ? left : room / run.esize * run.esize;
+}
+
+// The byte sizes of the chunks a stream of `runs` is cut into (none for an empty stream).
+template <class Run>
+std::vector<uint64_t> cut_chunks(const std::vector<Run>& runs, uint64_t chunk) {
+  std::vector<uint64_t> out;
+  RunCursor c;
+  while (c.run < runs.size()) {
+    uint64_t n = 0;
+    while (c.run < runs.size()) {
+      const uint64_t p = next_piece(runs[c.run], c.within, chunk - n);
+      if (!p) break;
+      n += p, c.within += p;
+      if (c.within == runs[c.run].bytes) ++c.run, c.within = 0;
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+// The saved ranks' files of one local checkpoint, opened once each.
+class LocalFiles {
+ public:
+  explicit LocalFiles(std::string dir) : dir_(std::move(dir)) {}
+  LocalFiles(const LocalFiles&) = delete;
+  LocalFiles& operator=(const LocalFiles&) = delete;
+  ~LocalFiles() {
+    for (auto& [w, fd] : fds_) storage::io::close(fd);
+  }
+  Status read(int writer, char* to, uint64_t n, uint64_t offset) {
+    auto it = fds_.find(writer);
+    const std::string name = storage::local_rank_file(writer);
+    if (it == fds_.end()) {
+      const std::string f = (fs::path(dir_) / name).string();
+      const int fd = storage::io::open(f, O_RDONLY);
+      if (fd < 0) return storage::io::error("open", f, errno);
+      it = fds_.emplace(writer, fd).first;
+    }
+    return read_all(it->second, to, n, offset, name);
+  }
+
+ private:
+  std::string dir_;
+  std::map<int, int> fds_;
+};
+
+// Reads the next `n` bytes of a server's stream into `out`, advancing `at`.
+Status fill_chunk(const std::vector<ServedRun>& runs, RunCursor& at, char* out, uint64_t n, LocalFiles& files) {
+  Status st;
+  for (uint64_t done = 0; done < n;) {
+    const ServedRun& r = runs[at.run];
+    const uint64_t p = next_piece(r, at.within, n - done);
+    if (st.ok()) st = files.read(r.writer, out + done, p, r.offset + at.within);
+    done += p, at.within += p;
+    if (at.within == r.bytes) ++at.run, at.within = 0;
+  }
+  return st;
+}
+
+// Hands the next `n` bytes of a requester's stream to put(run, bytes of it done, data, bytes).
+template <class Put>
+void drain_chunk(const std::vector<LandingRun>& runs, RunCursor& at, const char* in, uint64_t n, Put&& put) {
+  for (uint64_t done = 0; done < n;) {
+    const LandingRun& r = runs[at.run];
+    const uint64_t p = next_piece(r, at.within, n - done);
+    put(r, at.within, in + done, p);
+    done += p, at.within += p;
+    if (at.within == r.bytes) ++at.run, at.within = 0;
+  }
+}
+
+// MPI_MAX over int64 values on every rank, bounded by the deadline.
+Status allreduce_max(int64_t* values, int n, const char* what, MPI_Comm world) {
+  std::vector<int64_t> in(values, values + n);
+  MPI_Request req;
+  const int rc = MPI_Iallreduce(in.data(), values, n, MPI_INT64_T, MPI_MAX, world, &req);
+  if (rc != MPI_SUCCESS) return comm::mpi_status(rc, "MPI_Iallreduce");
+  return comm::wait_asleep(1, &req, 100, what, world);
+}
+
+}  // namespace
+
 Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, const Resolution& res,
-                              const LoadOptions& options) {
+                              const LoadOptions& options, MemoryBudget* budget) {
   PhaseScope scope("load", "local");
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
@@ -861,9 +971,9 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   struct Dest {
     size_t item;
     size_t tensor;
-    char* landing;            // where the stored bytes land (the item's buffer, or `temp`)
-    std::vector<char> temp;   // conversion or device staging
-    bool convert = false;
+    char* landing;            // where the bytes land (the item's buffer, or `temp`)
+    std::vector<char> temp;   // host staging of a device item, in the item's dtype
+    bool convert = false;     // stored in another dtype: converted run by run as it lands
   };
   std::vector<Dest> dests;
   Status st = expanded.status();
@@ -891,8 +1001,8 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
     if (!st.ok()) break;
     Dest d{i, found->second, static_cast<char*>(it.data), {}, convert};
     const uint64_t n = static_cast<uint64_t>(it.shard.numel());
-    if (convert || device::is_device_item(it)) {
-      d.temp.assign(n * dtype_size(t.dtype), 0);
+    if (device::is_device_item(it)) {  // host staging in the item's dtype (conversions land converted)
+      d.temp.assign(n * dtype_size(it.dtype), 0);
       d.landing = d.temp.data();
     } else if (t.shape != it.global_shape && n) {
       std::memset(it.data, 0, n * dtype_size(it.dtype));  // the part outside the stored shape stays zero
@@ -943,23 +1053,13 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "exchanging local-level requests", world));
   report.plan_s = now_s() - t0;
 
-  // Serving: read every requested run from the local files, packed in request order.
+  // Serving, in rounds through a bounded window: every (server, requester) pair's bytes form one
+  // stream, the requested runs in request order, cut into chunks that both sides compute alike.
   const double t_read = now_s();
   auto offsets = region_file_offsets(res.tensors, res.manifest.files.size());
-  std::map<int, int> fds;  // saved rank -> open file
-  auto file_of = [&](int writer, int* fd) -> Status {
-    auto it = fds.find(writer);
-    if (it != fds.end()) return *fd = it->second, Status::Ok();
-    const std::string f = (fs::path(res.dir) / storage::local_rank_file(writer)).string();
-    *fd = storage::io::open(f, O_RDONLY);
-    if (*fd < 0) return storage::io::error("open", f, errno);
-    fds[writer] = *fd;
-    return Status::Ok();
-  };
-  std::vector<std::vector<char>> packs(size);
+  std::vector<std::vector<ServedRun>> serve(size);  // per requester: runs read from the local files
+  std::vector<std::vector<LandingRun>> land(size);  // per server: runs into the landing buffers
   st = Status::Ok();
-  // Every request is packed to its full size even after a failure (a missing or unreadable file):
-  // the requesters wait for exactly those bytes, and the agreement below fails the load.
   bool malformed = false;
   for (int q = 0; q < size && !malformed; ++q) {
     const std::string part = recvbuf.substr(static_cast<size_t>(rdispl[q]), static_cast<size_t>(recv_counts[q]));
@@ -975,88 +1075,129 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
         break;
       }
       const planner::TensorPlan& tp = res.tensors[t];
-      const planner::PlannedRegion& region = tp.regions[g];
-      int fd = -1;
-      if (st.ok()) st = file_of(region.writer, &fd);
+      const int writer = tp.regions[g].writer;
       const uint64_t esize = dtype_size(tp.dtype), base = offsets[t][g];
-      const std::string fname = storage::local_rank_file(region.writer);
-      std::vector<char>& out = packs[q];
-      for_each_overlap(tp.shape, region.shard, want, [&](int64_t src, int64_t, int64_t n) {
-        const size_t at = out.size();
-        out.resize(at + static_cast<size_t>(n) * esize);
-        if (st.ok())
-          st = read_all(fd, out.data() + at, static_cast<uint64_t>(n) * esize, base + static_cast<uint64_t>(src) * esize,
-                        fname);
+      for_each_overlap(tp.shape, tp.regions[g].shard, want, [&](int64_t src, int64_t, int64_t n) {
+        serve[q].push_back({writer, base + static_cast<uint64_t>(src) * esize, static_cast<uint64_t>(n) * esize, esize});
       });
     }
   }
-  for (auto& [w, fd] : fds) storage::io::close(fd);
-  for (int q = 0; q < size; ++q) {
-    report.bytes_read += packs[q].size();
-    if (q != me) report.bytes_sent += packs[q].size();
-  }
-  // A failed read still sends (garbage) so every rank finishes the exchange; the agreement fails it.
-  std::vector<std::vector<char>> got(size);
-  std::vector<MPI_Request> reqs;
-  Status posted;
   for (int s = 0; s < size; ++s) {
-    if (s == me || !expect[s]) continue;
-    got[s].resize(expect[s]);
-    post_chunks(false, got[s].data(), expect[s], s, kServeTag, world, reqs, posted);
-  }
-  for (int q = 0; q < size; ++q) {
-    if (q == me || packs[q].empty()) continue;
-    post_chunks(true, packs[q].data(), packs[q].size(), q, kServeTag, world, reqs, posted);
-  }
-  Status waited = wait_all(reqs, "serving local-level bytes", world);
-  if (st.ok()) st = posted;
-  if (st.ok()) st = waited;
-  got[me] = std::move(packs[me]);
-  report.read_s = now_s() - t_read;
-  if (Status a = comm::agree(st.ok() && got[me].size() != expect[me]
-                                 ? Status(ErrorCode::kInternal, "served bytes differ from the request")
-                                 : st,
-                             world);
-      !a.ok())
-    return fail(a);
-
-  // Unpacking: the same runs, in the same order, into the landing buffers.
-  const double t_x = now_s();
-  for (int s = 0; s < size; ++s) {
-    const char* in = got[s].data();
     for (const Want& w : wants[s]) {
-      Dest& d = dests[w.dest];
-      const StateItem& it = items.items()[d.item];
+      const Dest& d = dests[w.dest];
       const planner::TensorPlan& tp = res.tensors[w.tensor];
       const uint64_t esize = dtype_size(tp.dtype);
-      for_each_overlap(tp.shape, tp.regions[w.region].shard, it.shard, [&](int64_t, int64_t dst, int64_t n) {
-        std::memcpy(d.landing + static_cast<uint64_t>(dst) * esize, in, static_cast<size_t>(n) * esize);
-        in += static_cast<size_t>(n) * esize;
-      });
+      for_each_overlap(tp.shape, tp.regions[w.region].shard, items.items()[d.item].shard,
+                       [&](int64_t, int64_t dst, int64_t n) {
+                         land[s].push_back({w.dest, static_cast<uint64_t>(dst), static_cast<uint64_t>(n) * esize, esize});
+                       });
     }
-    if (s != me) report.bytes_received += got[s].size();
   }
-  // Conversion and device copies of items that did not land in place.
+  // The window: what the budget still allows (else kUnboundedWindow), split over a send and a
+  // receive slot per peer; the smallest proposal on any rank is the chunk everywhere.
+  constexpr uint64_t kUnboundedWindow = 256ull << 20;
+  uint64_t window = budget && budget->bounded() ? budget->available() : kUnboundedWindow;
+  for (const Dest& d : dests) window -= std::min<uint64_t>(window, d.temp.size());  // leased below
+  int64_t chunk = static_cast<int64_t>(std::min<uint64_t>(window / (2 * static_cast<uint64_t>(size)),
+                                                           std::min<uint64_t>(comm::chunk_limit(), 1ull << 30)));
+  chunk = std::max<int64_t>(kMinChunk, chunk & ~int64_t{15});
+  int64_t smallest = -chunk;
+  if (Status a = allreduce_max(&smallest, 1, "agreeing on the local-level load window", world); !a.ok())
+    return fail(a);
+  chunk = -smallest;
+  // Both sides of a pair cut its stream alike, so they agree on every chunk's size; the k-th
+  // message between two ranks is chunk k (MPI keeps their order). A rank runs as many rounds as
+  // its longest stream needs: no rank waits for another's rounds beyond its own.
+  std::vector<std::vector<uint64_t>> out_chunks(size), in_chunks(size);
+  int64_t rounds = 0;
+  for (int q = 0; q < size; ++q) {
+    out_chunks[q] = cut_chunks(serve[q], static_cast<uint64_t>(chunk));
+    in_chunks[q] = cut_chunks(land[q], static_cast<uint64_t>(chunk));
+    rounds = std::max<int64_t>(rounds, static_cast<int64_t>(std::max(out_chunks[q].size(), in_chunks[q].size())));
+  }
+
+  // Memory: a send and a receive slot of one chunk per peer that has bytes, and the staging of
+  // items that convert on a device (all leased from the budget: a refusal fails the load).
+  // Each slot is as large as its stream's largest chunk (a small stream takes little).
+  auto largest = [](const std::vector<uint64_t>& c) { return c.empty() ? 0 : *std::max_element(c.begin(), c.end()); };
+  uint64_t slots = 0;
+  for (int q = 0; q < size; ++q) {
+    slots += largest(out_chunks[q]);
+    if (q != me) slots += largest(in_chunks[q]);
+  }
+  uint64_t temps = 0;
+  for (const Dest& d : dests) temps += d.temp.size();
+  MemoryBudget::Lease lease;
+  if (budget) {
+    auto l = budget->lease(slots + temps, "the local-level load window");
+    if (l.ok()) lease = std::move(l).value();
+    else if (st.ok()) st = l.status();
+  }
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+  std::vector<std::unique_ptr<char[]>> out_slot(size), in_slot(size);  // not zeroed: always filled first
+  for (int q = 0; q < size; ++q) {
+    if (!out_chunks[q].empty()) out_slot[q].reset(new char[largest(out_chunks[q])]);
+    if (!in_chunks[q].empty() && q != me) in_slot[q].reset(new char[largest(in_chunks[q])]);
+  }
+  LocalFiles files(res.dir);
+  std::vector<RunCursor> out_at(size), in_at(size);
+  auto drain = [&](int s, const char* in, uint64_t n) {
+    drain_chunk(land[s], in_at[s], in, n, [&](const LandingRun& run, uint64_t within, const char* p, uint64_t bytes) {
+      Dest& d = dests[run.dest];
+      const StateItem& it = items.items()[d.item];
+      if (d.convert) {  // straight into the item's dtype (or its device staging), element by element
+        const uint64_t isize = dtype_size(it.dtype);
+        char* to = (d.temp.empty() ? static_cast<char*>(it.data) : d.temp.data()) +
+                   (run.dst + within / run.esize) * isize;
+        if (!detail::convert_elements(p, res.tensors[d.tensor].dtype, to, it.dtype, bytes / run.esize) && st.ok())
+          st = Status(ErrorCode::kDtypeMismatch, expanded.context(d.item) + ": no conversion");
+      } else {
+        std::memcpy(d.landing + run.dst * run.esize + within, p, bytes);
+      }
+    });
+  };
+  for (int64_t k = 0; k < rounds; ++k) {
+    std::vector<MPI_Request> reqs;
+    Status posted;
+    for (int s = 0; s < size; ++s) {
+      if (s == me || static_cast<size_t>(k) >= in_chunks[s].size()) continue;
+      post_chunks(false, in_slot[s].get(), in_chunks[s][k], s, kServeTag, world, reqs, posted);
+    }
+    for (int q = 0; q < size; ++q) {
+      if (static_cast<size_t>(k) >= out_chunks[q].size()) continue;
+      // A failed read still sends (garbage) so every rank finishes the round; the agreement fails it.
+      Status read = fill_chunk(serve[q], out_at[q], out_slot[q].get(), out_chunks[q][k], files);
+      if (st.ok()) st = read;
+      report.bytes_read += out_chunks[q][k];
+      if (q == me) {
+        drain(me, out_slot[q].get(), out_chunks[q][k]);
+      } else {
+        report.bytes_sent += out_chunks[q][k];
+        post_chunks(true, out_slot[q].get(), out_chunks[q][k], q, kServeTag, world, reqs, posted);
+      }
+    }
+    Status waited = wait_all(reqs, "serving local-level bytes", world);
+    if (st.ok()) st = posted;
+    if (st.ok()) st = waited;
+    if (!waited.ok() || !posted.ok()) break;  // the deadline or MPI failed: the agreement below says so
+    for (int s = 0; s < size; ++s) {
+      if (s == me || static_cast<size_t>(k) >= in_chunks[s].size()) continue;
+      drain(s, in_slot[s].get(), in_chunks[s][k]);
+      report.bytes_received += in_chunks[s][k];
+    }
+  }
+  report.read_s = now_s() - t_read;
+  if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
+
+  // Device copies of items staged on the host (converted already).
+  const double t_x = now_s();
   st = Status::Ok();
   for (Dest& d : dests) {
-    if (d.temp.empty() && !d.convert) continue;
     const StateItem& it = items.items()[d.item];
-    const DType stored = res.tensors[d.tensor].dtype;
+    if (d.temp.empty() || !device::is_device_item(it)) continue;
     const size_t n = static_cast<size_t>(it.shard.numel());
-    std::vector<char> converted;
-    const char* ready = d.landing;
-    if (d.convert) {
-      converted.resize(n * dtype_size(it.dtype));
-      if (!detail::convert_elements(d.landing, stored, converted.data(), it.dtype, n))
-        st = Status(ErrorCode::kDtypeMismatch, expanded.context(d.item) + ": no conversion");
-      ready = converted.data();
-    }
-    if (st.ok() && device::is_device_item(it)) {
-      st = device::staging().copy_to_device(it.data, ready, n * dtype_size(it.dtype));
-      if (st.ok()) st = device::staging().synchronize();
-    } else if (st.ok()) {
-      std::memcpy(it.data, ready, n * dtype_size(it.dtype));
-    }
+    st = device::staging().copy_to_device(it.data, d.temp.data(), n * dtype_size(it.dtype));
+    if (st.ok()) st = device::staging().synchronize();
     if (!st.ok()) break;
   }
   if (Status a = comm::agree(st, world); !a.ok()) return fail(a);

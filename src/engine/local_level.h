@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/memory_budget.h"
 #include "storage/local_store.h"
 
 namespace h5ckpt::engine::local {
@@ -88,8 +89,9 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
                            const NodeMap& nodes, bool with_info);
 
 /// Loads `state` from a local resolution: every rank asks the servers of the regions it overlaps
-/// for exactly the elements it wants, and they read them from their local files. Collective.
+/// for exactly the elements it wants, and they read them from their local files and send them in
+/// rounds through a window leased from `budget` (null: unbounded, at most 256 MiB). Collective.
 Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, const Resolution& res,
-                              const LoadOptions& options);
+                              const LoadOptions& options, MemoryBudget* budget);
 
 }  // namespace h5ckpt::engine::local
