@@ -3,7 +3,8 @@
 // the same run: memcpy of each rank's bytes (the blocking floor of any asynchronous save), and a
 // plain write + fsync of the bytes a local save writes (the rank's own and its partner's) plus
 // the plain MPI transfer of the partner copy. Prints one JSON line per repeat and a summary with
-// the ratios (docs/performance.md, "Multi-level checkpoints").
+// the ratios (docs/performance.md, "Multi-level checkpoints"), and the library's own memory peak
+// per phase (Checkpointer::memory_peak_bytes, slowest rank) beside the budget (--memory-bytes).
 //
 // Nodes: real ones, or cut out of one machine with H5CKPT_RANKS_PER_NODE; the local directory is
 // --local-dir (default <dir>/node{node}), the shared one <dir>/shared.
@@ -26,6 +27,7 @@
 #include "bench_support.h"
 #include "comm/topology_impl.h"
 #include "engine/local_level.h"
+#include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
 
@@ -37,6 +39,8 @@ using nlohmann::json;
 namespace {
 
 int g_rank = 0, g_size = 1;
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 void write_file(const std::string& path, const char* data, uint64_t n) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -61,7 +65,7 @@ int main(int argc, char** argv) {
   CLI::App app{"h5ckpt-multilevel: local saves and partner-copy recovery against their floors, one run"};
   workload::ModelConfig model;
   int tp = 1, repeats = 3;
-  std::string dir = "multilevel-bench", local_dir;
+  std::string dir = "multilevel-bench", local_dir, memory_bytes;
   app.add_option("--tp", tp, "tensor parallelism (dp = ranks / tp)")->capture_default_str();
   app.add_option("--layers", model.layers)->capture_default_str();
   app.add_option("--hidden", model.hidden)->capture_default_str();
@@ -70,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats)->capture_default_str();
   app.add_option("--dir", dir, "shared directory of the run (and default local directories)")->capture_default_str();
   app.add_option("--local-dir", local_dir, "node-local directory ({node}: node index); default <dir>/node{node}");
+  app.add_option("--memory-bytes", memory_bytes,
+                 "memory budget of both checkpointers (checkpointer.memory_bytes, e.g. 64MiB); default "
+                 "$H5CKPT_MEMORY_BYTES or the configuration's");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -98,6 +105,9 @@ int main(int argc, char** argv) {
   MPI_Barrier(MPI_COMM_WORLD);
   CheckpointerOptions local_opts, shared_opts;
   local_opts.metrics = shared_opts.metrics = false;
+  const uint64_t budget = memory_bytes.empty() ? check(resolve_config(), "configuration").checkpointer.memory_bytes
+                                               : check(parse_byte_size(memory_bytes), "--memory-bytes");
+  local_opts.memory_bytes = shared_opts.memory_bytes = budget;
   local_opts.local_dir = local_dir;
   local_opts.local_keep = 1;
   shared_opts.keep_last = 1;
@@ -143,6 +153,7 @@ int main(int argc, char** argv) {
     for (const char* level : {"local", "shared"}) {
       Checkpointer& ck = std::string(level) == "local" ? local_ck : shared_ck;
       so.step = step;
+      ck.reset_memory_peak();
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = now_s();
       SaveHandle h = check(ck.save_async(sd, shared + "/" + level + "-" + std::to_string(step), so), "save_async");
@@ -151,6 +162,19 @@ int main(int argc, char** argv) {
       const double total = now_s() - t0;
       t[std::string(level) + "_block_s"].push_back(max_all(blocked));
       t[std::string(level) + "_total_s"].push_back(max_all(total));
+      t[std::string(level) + "_save_overhead_mib"].push_back(max_all(mib(ck.memory_peak_bytes())));
+    }
+    // A local load with every node's disk intact (each rank reads mostly its own node's files).
+    {
+      workload::Workload into(cfg, topo);
+      StateDict load_sd;
+      auto info = check(local_ck.resolve(shared), "resolve");
+      if (info.level != "local") die("the local load did not come from the local level: " + info.reason);
+      if (Status st = into.stage_load(load_sd, info.info); !st.ok()) die(st.to_string());
+      local_ck.reset_memory_peak();
+      t["local_load_s"].push_back(
+          timed([&] { check(local_ck.load(load_sd, shared + "/local-" + std::to_string(step)), "local load"); }));
+      t["local_load_overhead_mib"].push_back(max_all(mib(local_ck.memory_peak_bytes())));
     }
     // Recovery: the last node's disk is lost; its ranks' bytes come from the partner copies.
     if (g_rank == nodes->members.back().front()) fs::remove_all(my_local + "/local-" + std::to_string(step));
@@ -160,7 +184,9 @@ int main(int argc, char** argv) {
     auto info = check(local_ck.resolve(shared), "resolve");
     if (info.level != "local") die("recovery did not come from the local level: " + info.reason);
     if (Status st = into.stage_load(load_sd, info.info); !st.ok()) die(st.to_string());
+    local_ck.reset_memory_peak();
     t["recover_local_s"].push_back(timed([&] { check(local_ck.load(load_sd, shared + "/local-" + std::to_string(step)), "local load"); }));
+    t["recover_overhead_mib"].push_back(max_all(mib(local_ck.memory_peak_bytes())));
     t["load_shared_s"].push_back(
         timed([&] { check(shared_ck.load(load_sd, shared + "/shared-" + std::to_string(step)), "shared load"); }));
     if (g_rank == 0) {
@@ -179,6 +205,14 @@ int main(int argc, char** argv) {
     s["nodes"] = nodes->nodes();
     s["bytes"] = warm.bytes_total;
     s["repeats"] = repeats;
+    s["memory_budget_mib"] = mib(budget);  // 0: unbounded
+    // The library's own peak of every phase within the budget (the bound is budget + 64 MiB
+    // of process growth; the library's leases alone must fit the budget itself).
+    bool within = budget != 0;
+    for (const char* k : {"local_save_overhead_mib", "shared_save_overhead_mib", "local_load_overhead_mib",
+                          "recover_overhead_mib"})
+      for (double v : t[k]) within = within && v <= mib(budget);
+    s["overhead_within_budget"] = within;
     for (const auto& [k, v] : t) s[k] = median(v);
     const double floor_total = m("raw_local_write_s") + m("raw_transfer_s");
     s["local_block_over_memcpy"] = m("local_block_s") / m("memcpy_s");

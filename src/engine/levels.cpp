@@ -124,7 +124,7 @@ class LocalLevel final : public Level {
       return Status(ErrorCode::kInvalidArgument, "check_only checks loads from the shared level only; this load "
                                                  "would read the node-local checkpoint '" + res.dir + "'")
           .with_context("load '" + res.requested + "'");
-    return local::load_local(ctx_.comms, state, res, options, ctx_.pool.budget());
+    return local::load_local(ctx_.comms, state, res, options, ctx_.pool);
   }
 
  private:

@@ -1,4 +1,5 @@
 #include "engine/local_level.h"
+#include "engine/memory_budget.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -952,7 +953,7 @@ Status allreduce_max(int64_t* values, int n, const char* what, MPI_Comm world) {
 }  // namespace
 
 Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, const Resolution& res,
-                              const LoadOptions& options, MemoryBudget* budget) {
+                              const LoadOptions& options, StagingPool& pool) {
   PhaseScope scope("load", "local");
   const double t0 = now_s();
   const MPI_Comm world = topo.world.get();
@@ -971,8 +972,9 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   struct Dest {
     size_t item;
     size_t tensor;
-    char* landing;            // where the bytes land (the item's buffer, or `temp`)
-    std::vector<char> temp;   // host staging of a device item, in the item's dtype
+    char* landing;            // where the bytes land (the item's buffer, or `staging`)
+    uint64_t staging_bytes = 0;  // a device item's host staging, in the item's dtype
+    char* staging = nullptr;     // in the load's arena (below)
     bool convert = false;     // stored in another dtype: converted run by run as it lands
   };
   std::vector<Dest> dests;
@@ -999,11 +1001,10 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
       st = Status(ErrorCode::kDtypeMismatch, ctx + ": saved as " + dtype_name(t.dtype) + ", wanted as " +
                                                  dtype_name(it.dtype));
     if (!st.ok()) break;
-    Dest d{i, found->second, static_cast<char*>(it.data), {}, convert};
+    Dest d{i, found->second, static_cast<char*>(it.data), 0, nullptr, convert};
     const uint64_t n = static_cast<uint64_t>(it.shard.numel());
     if (device::is_device_item(it)) {  // host staging in the item's dtype (conversions land converted)
-      d.temp.assign(n * dtype_size(it.dtype), 0);
-      d.landing = d.temp.data();
+      d.staging_bytes = n * dtype_size(it.dtype);
     } else if (t.shape != it.global_shape && n) {
       std::memset(it.data, 0, n * dtype_size(it.dtype));  // the part outside the stored shape stays zero
     }
@@ -1093,11 +1094,15 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
                        });
     }
   }
-  // The window: what the budget still allows (else kUnboundedWindow), split over a send and a
-  // receive slot per peer; the smallest proposal on any rank is the chunk everywhere.
+  // The window: the budget (else kUnboundedWindow) less the device items' staging, split over a
+  // send and a receive slot per peer; the smallest proposal on any rank is the chunk everywhere.
   constexpr uint64_t kUnboundedWindow = 256ull << 20;
-  uint64_t window = budget && budget->bounded() ? budget->available() : kUnboundedWindow;
-  for (const Dest& d : dests) window -= std::min<uint64_t>(window, d.temp.size());  // leased below
+  MemoryBudget* budget = pool.budget();
+  const bool bounded = budget && budget->bounded();
+  uint64_t staging = 0;
+  for (const Dest& d : dests) staging += d.staging_bytes;
+  uint64_t window = bounded ? budget->limit() : kUnboundedWindow;
+  window -= std::min(window, staging);
   int64_t chunk = static_cast<int64_t>(std::min<uint64_t>(window / (2 * static_cast<uint64_t>(size)),
                                                            std::min<uint64_t>(comm::chunk_limit(), 1ull << 30)));
   chunk = std::max<int64_t>(kMinChunk, chunk & ~int64_t{15});
@@ -1116,28 +1121,42 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
     rounds = std::max<int64_t>(rounds, static_cast<int64_t>(std::max(out_chunks[q].size(), in_chunks[q].size())));
   }
 
-  // Memory: a send and a receive slot of one chunk per peer that has bytes, and the staging of
-  // items that convert on a device (all leased from the budget: a refusal fails the load).
-  // Each slot is as large as its stream's largest chunk (a small stream takes little).
+  // Memory, one arena: a send and a receive slot per peer with bytes (each as large as its
+  // stream's largest chunk) and the device items' staging. Under a budget the arena is the
+  // staging pool, whose capacity is leased from it; else a buffer of this load's own (counted).
   auto largest = [](const std::vector<uint64_t>& c) { return c.empty() ? 0 : *std::max_element(c.begin(), c.end()); };
-  uint64_t slots = 0;
+  uint64_t need = staging;
   for (int q = 0; q < size; ++q) {
-    slots += largest(out_chunks[q]);
-    if (q != me) slots += largest(in_chunks[q]);
+    need += largest(out_chunks[q]);
+    if (q != me) need += largest(in_chunks[q]);
   }
-  uint64_t temps = 0;
-  for (const Dest& d : dests) temps += d.temp.size();
+  std::unique_ptr<char[]> own;
   MemoryBudget::Lease lease;
-  if (budget) {
-    auto l = budget->lease(slots + temps, "the local-level load window");
-    if (l.ok()) lease = std::move(l).value();
-    else if (st.ok()) st = l.status();
+  char* arena = nullptr;
+  if (bounded) {
+    pool.reserve(need);
+    if (pool.capacity() >= need) arena = pool.base();
+    else if (st.ok())
+      st = Status(ErrorCode::kInvalidArgument,
+                  "the local-level load needs " + std::to_string(need) + " bytes of staging (device items: " +
+                      std::to_string(staging) + "), more than memory_bytes = " + std::to_string(budget->limit()) +
+                      " holds: raise memory_bytes (H5CKPT_MEMORY_BYTES)");
+  } else if (need) {
+    own.reset(new char[need]);  // not zeroed: slots are filled before use, staging zeroed below
+    arena = own.get();
+    if (budget) lease = MemoryBudget::Lease(budget, budget->try_reserve(need) ? need : 0);
   }
   if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
-  std::vector<std::unique_ptr<char[]>> out_slot(size), in_slot(size);  // not zeroed: always filled first
+  std::vector<char*> out_slot(size, nullptr), in_slot(size, nullptr);
+  for (Dest& d : dests) {
+    if (!d.staging_bytes) continue;
+    d.staging = d.landing = arena;
+    std::memset(arena, 0, d.staging_bytes);  // the part outside the stored shape stays zero
+    arena += d.staging_bytes;
+  }
   for (int q = 0; q < size; ++q) {
-    if (!out_chunks[q].empty()) out_slot[q].reset(new char[largest(out_chunks[q])]);
-    if (!in_chunks[q].empty() && q != me) in_slot[q].reset(new char[largest(in_chunks[q])]);
+    out_slot[q] = arena, arena += largest(out_chunks[q]);
+    if (q != me) in_slot[q] = arena, arena += largest(in_chunks[q]);
   }
   LocalFiles files(res.dir);
   std::vector<RunCursor> out_at(size), in_at(size);
@@ -1147,7 +1166,7 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
       const StateItem& it = items.items()[d.item];
       if (d.convert) {  // straight into the item's dtype (or its device staging), element by element
         const uint64_t isize = dtype_size(it.dtype);
-        char* to = (d.temp.empty() ? static_cast<char*>(it.data) : d.temp.data()) +
+        char* to = (d.staging ? d.staging : static_cast<char*>(it.data)) +
                    (run.dst + within / run.esize) * isize;
         if (!detail::convert_elements(p, res.tensors[d.tensor].dtype, to, it.dtype, bytes / run.esize) && st.ok())
           st = Status(ErrorCode::kDtypeMismatch, expanded.context(d.item) + ": no conversion");
@@ -1161,19 +1180,19 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
     Status posted;
     for (int s = 0; s < size; ++s) {
       if (s == me || static_cast<size_t>(k) >= in_chunks[s].size()) continue;
-      post_chunks(false, in_slot[s].get(), in_chunks[s][k], s, kServeTag, world, reqs, posted);
+      post_chunks(false, in_slot[s], in_chunks[s][k], s, kServeTag, world, reqs, posted);
     }
     for (int q = 0; q < size; ++q) {
       if (static_cast<size_t>(k) >= out_chunks[q].size()) continue;
       // A failed read still sends (garbage) so every rank finishes the round; the agreement fails it.
-      Status read = fill_chunk(serve[q], out_at[q], out_slot[q].get(), out_chunks[q][k], files);
+      Status read = fill_chunk(serve[q], out_at[q], out_slot[q], out_chunks[q][k], files);
       if (st.ok()) st = read;
       report.bytes_read += out_chunks[q][k];
       if (q == me) {
-        drain(me, out_slot[q].get(), out_chunks[q][k]);
+        drain(me, out_slot[q], out_chunks[q][k]);
       } else {
         report.bytes_sent += out_chunks[q][k];
-        post_chunks(true, out_slot[q].get(), out_chunks[q][k], q, kServeTag, world, reqs, posted);
+        post_chunks(true, out_slot[q], out_chunks[q][k], q, kServeTag, world, reqs, posted);
       }
     }
     Status waited = wait_all(reqs, "serving local-level bytes", world);
@@ -1182,7 +1201,7 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
     if (!waited.ok() || !posted.ok()) break;  // the deadline or MPI failed: the agreement below says so
     for (int s = 0; s < size; ++s) {
       if (s == me || static_cast<size_t>(k) >= in_chunks[s].size()) continue;
-      drain(s, in_slot[s].get(), in_chunks[s][k]);
+      drain(s, in_slot[s], in_chunks[s][k]);
       report.bytes_received += in_chunks[s][k];
     }
   }
@@ -1194,9 +1213,9 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   st = Status::Ok();
   for (Dest& d : dests) {
     const StateItem& it = items.items()[d.item];
-    if (d.temp.empty() || !device::is_device_item(it)) continue;
+    if (!d.staging) continue;
     const size_t n = static_cast<size_t>(it.shard.numel());
-    st = device::staging().copy_to_device(it.data, d.temp.data(), n * dtype_size(it.dtype));
+    st = device::staging().copy_to_device(it.data, d.staging, n * dtype_size(it.dtype));
     if (st.ok()) st = device::staging().synchronize();
     if (!st.ok()) break;
   }

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/memory_budget.h"
 #include "storage/local_store.h"
 
 namespace h5ckpt::engine::local {
@@ -90,8 +89,9 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
 
 /// Loads `state` from a local resolution: every rank asks the servers of the regions it overlaps
 /// for exactly the elements it wants, and they read them from their local files and send them in
-/// rounds through a window leased from `budget` (null: unbounded, at most 256 MiB). Collective.
+/// rounds through a bounded window: under memory_bytes, `pool` (leased from its budget); else a
+/// buffer of at most about 256 MiB for this load. Collective; `pool` must be idle.
 Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, const Resolution& res,
-                              const LoadOptions& options, MemoryBudget* budget);
+                              const LoadOptions& options, StagingPool& pool);
 
 }  // namespace h5ckpt::engine::local
