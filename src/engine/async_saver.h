@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "h5ckpt/checkpointer.h"  // SaveHandle::State is defined here
 #include "engine/level.h"
 #include "engine/staging_pool.h"
 

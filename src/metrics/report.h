@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "comm/topology_impl.h"
-#include "h5ckpt/checkpointer.h"
+#include "h5ckpt/options.h"
+#include "h5ckpt/state.h"
+#include "h5ckpt/topology.h"
 
 namespace h5ckpt::metrics {
 
