@@ -258,6 +258,80 @@ uint64_t index_bytes(const CheckpointInfo& info) {
   return *bytes;
 }
 
+// ---- plan digests: the same plans before and after an optimization ---------------------------
+
+// FNV-1a over the plans' fields, printed so that two builds' plans of the 405B case can be
+// compared without storing them (the unit tests compare small plans field by field).
+struct Digest {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  }
+  void i64(int64_t v) { bytes(&v, sizeof v); }
+  void str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  void shape(const Shape& s) {
+    i64(static_cast<int64_t>(s.size()));
+    for (int64_t v : s) i64(v);
+  }
+  void box(const Box& b) {
+    shape(b.offset);
+    shape(b.shape);
+  }
+  void shard(const ShardSpec& s) {
+    box(s.box);
+    i64(s.flat ? 1 : 0);
+    if (s.flat) {
+      i64(s.flat->first);
+      i64(s.flat->second);
+    }
+  }
+  std::string hex() const {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return buf;
+  }
+};
+
+std::string save_plan_digest(const planner::SavePlan& plan) {
+  Digest d;
+  for (const auto& t : plan.tensors) {
+    d.str(t.key);
+    d.i64(static_cast<int64_t>(t.dtype));
+    d.shape(t.shape);
+    d.i64(static_cast<int64_t>(t.regions.size()));
+    for (const auto& r : t.regions) {
+      d.shard(r.shard);
+      d.i64(r.writer);
+    }
+  }
+  for (uint64_t b : plan.bytes_by_rank) d.i64(static_cast<int64_t>(b));
+  return d.hex();
+}
+
+std::string roles_digest(const planner::LoadPlan& plan, const std::vector<std::vector<planner::ItemRole>>& roles) {
+  Digest d;
+  for (const auto& g : plan.groups) {
+    d.i64(g.reader);
+    d.i64(static_cast<int64_t>(g.bytes));
+    for (const auto& m : g.members) {
+      d.i64(m.rank);
+      d.i64(m.item);
+    }
+  }
+  for (uint64_t b : plan.read_bytes_by_rank) d.i64(static_cast<int64_t>(b));
+  for (const auto& rank : roles)
+    for (const auto& r : rank) {
+      d.i64(static_cast<int64_t>(r.role));
+      d.i64(r.group);
+      d.i64(r.peer);
+      for (int32_t t : r.targets) d.i64(t);
+    }
+  return d.hex();
+}
+
 // ---- per-rank timings -------------------------------------------------------------------------
 
 // Ranks to time one by one: for every (TP, PP) position the DP replica with the most work of the
@@ -447,9 +521,12 @@ int main(int argc, char** argv) {
     nitems += items[static_cast<size_t>(r)].size();
   }
   double t0 = now_s(), c0 = cpu_s();
-  planner::SavePlan plan = check(planner::plan_save(items), "plan_save");
+  // The coordinator plans from its gathered copy of the items and gives it up (save_engine), so
+  // the plan takes the regions' shards over instead of copying them.
+  planner::SavePlan plan = check(planner::plan_save(std::move(items)), "plan_save");
   const double plan_save_s = now_s() - t0;
   out["plan_save_cpu_s"] = cpu_s() - c0;
+  out["save_plan_digest"] = save_plan_digest(plan);
   size_t nregions = 0;
   for (const auto& t : plan.tensors) nregions += t.regions.size();
   out["items"] = nitems;
@@ -465,11 +542,11 @@ int main(int argc, char** argv) {
   constexpr uint64_t kMaxPieceBytes = 256ull << 20;  // CheckpointerOptions::max_piece_bytes
   Slowest writes;
   for (int r : save_sample) {
+    const std::vector<planner::ItemDesc> own = save_items(o, saving, r);  // what the rank itself holds
     double best = 0;
     for (int k = 0; k < o.repeats; ++k) {
       t0 = now_s();
-      auto w =
-          check(planner::plan_writes(r, plan.tensors, items[static_cast<size_t>(r)], kMaxPieceBytes), "plan_writes");
+      auto w = check(planner::plan_writes(r, plan.tensors, own, kMaxPieceBytes), "plan_writes");
       const double dt = now_s() - t0;
       best = k == 0 ? dt : std::min(best, dt);
       const auto regions_done = std::count_if(w.begin(), w.end(), [](const auto& x) { return x.region_end; });
@@ -523,6 +600,7 @@ int main(int argc, char** argv) {
   const auto roles = planner::assign_roles(load_plan, item_of, counts);
   out["load_coordinator_s"] = now_s() - t0;
   out["load_coordinator_cpu_s"] = cpu_s() - c0;
+  out["load_roles_digest"] = roles_digest(load_plan, roles);
   out["load_requests"] = nrequests;
   out["load_groups"] = load_plan.groups.size();
   requests.clear();
