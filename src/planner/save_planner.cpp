@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "planner/box_math.h"
+#include "planner/bulk_allocator.h"
 #include "planner/region_overlap.h"
 #include "util/checked_math.h"
 
@@ -82,7 +83,7 @@ uint64_t region_hash(uint64_t box_hash, int64_t begin, int64_t end) {
 // Every unique region of every tensor, numbered in order of discovery: one pool reserved for the
 // worst case (one region per item) up front, so it never moves and only the pages it uses are
 // touched, where per-tensor vectors grew by doubling and copied everything on the way.
-using RegionPool = std::vector<UniqueRegion>;
+using RegionPool = BulkVector<UniqueRegion>;
 
 // A tensor as the ranks declare it while their items are gathered, with its unique regions in
 // order of first appearance, found by shard in an open-addressing table of its own (small, so
@@ -229,7 +230,7 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
   pool.reserve(nitems);
   // Per item, its region's pool id (kNone: holds nothing), to list the holders after the scan.
   constexpr uint32_t kNone = UINT32_MAX;
-  std::vector<uint32_t> region_of_item;
+  BulkVector<uint32_t> region_of_item;
   region_of_item.reserve(nitems);
   // Ranks of one pipeline stage list the same keys in the same order, and often the same shards
   // (replicas): each item is first compared with the previous rank's item at its position, whose
@@ -302,13 +303,13 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
 
   // The ranks holding each region (by pool id), ascending: counted, then placed (no list per
   // region).
-  std::vector<uint32_t> holders_begin(pool.size() + 1, 0);
+  BulkVector<uint32_t> holders_begin(pool.size() + 1, 0);
   for (uint32_t region : region_of_item)
     if (region != kNone) ++holders_begin[region + 1];
   std::partial_sum(holders_begin.begin(), holders_begin.end(), holders_begin.begin());
-  std::vector<int> holders(holders_begin.back());
+  BulkVector<int> holders(holders_begin.back());
   {
-    std::vector<uint32_t> next(holders_begin.begin(), holders_begin.end() - 1);
+    BulkVector<uint32_t> next(holders_begin.begin(), holders_begin.end() - 1);
     size_t k = 0;
     for (size_t r = 0; r < ranks.size(); ++r)
       for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
@@ -330,7 +331,7 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     uint32_t tensor;  // in the plan
     uint32_t k;       // its region k
   };
-  std::vector<Job> jobs;
+  BulkVector<Job> jobs;
   jobs.reserve(pool.size());
   plan.tensors.reserve(accs.size());
   for (uint32_t a : by_key) {
