@@ -27,6 +27,7 @@
 #include "planner/save_planner.h"
 #include "storage/checkpoint_commit.h"
 #include "storage/meta_v2.h"
+#include "storage/region_lookup.h"
 #include "storage/verify_blocks.h"
 #include "workload.h"
 
@@ -375,9 +376,11 @@ struct Slowest {
 
 // One rank's load plan, as the engine computes it for itself once the coordinator has sent its
 // roles: its requests, the stored tensor of each item, plan_rank_load, and for every box it reads
-// the saved regions holding its elements (indexed per tensor on first use).
+// the verification spans of the saved regions holding its elements (storage::checked_spans, the
+// regions found through storage::RegionLookup's index of each tensor, built on first use).
 struct RankLoadWork {
   size_t read_items = 0, region_hits = 0;
+  std::vector<std::vector<storage::CheckedSpan>> spans;  // per box read, in plan order
   // Where the time goes (seconds): requests, stored-tensor lookups, plan_rank_load, indexing the
   // regions of the tensors read, and the lookups of the boxes read.
   double requests_s = 0, stored_s = 0, plan_s = 0, index_s = 0, lookup_s = 0;
@@ -410,27 +413,21 @@ RankLoadWork plan_one_rank_load(const CheckpointInfo& info, const std::vector<pl
   const planner::RankLoadPlan plan = planner::plan_rank_load(roles, wants, stored, /*file_order=*/true);
   t1 = now_s();
   work.plan_s = t1 - t0;
-  std::map<const TensorInfo*, planner::RegionIndex> indexes;
-  std::vector<size_t> hits;
+  storage::RegionLookup lookup(info);
+  std::set<const TensorInfo*> indexed;
   for (const planner::ReadItem& r : plan.items) {
     if (r.role != planner::Role::kRead) continue;
     ++work.read_items;
     const TensorInfo* t = tensor_of[static_cast<size_t>(r.item)];
-    auto it = indexes.find(t);
-    if (it == indexes.end()) {
-      t0 = now_s();
-      it = indexes
-               .emplace(t, planner::RegionIndex(t->shape, t->regions.size(),
-                                                [&](size_t k) -> const ShardSpec& { return t->regions[k].shard; }))
-               .first;
-      t1 = now_s();
-      work.index_s += t1 - t0;
-    }
+    t0 = now_s();
+    const planner::RegionIndex* index = lookup.of(*t);
+    t1 = now_s();
+    if (indexed.insert(t).second) work.index_s += t1 - t0;
+    else work.lookup_s += t1 - t0;
     t0 = now_s();
     for (const Box& box : r.boxes) {
-      hits.clear();
-      it->second.find(box, &hits);
-      work.region_hits += hits.size();
+      work.spans.push_back(check(storage::checked_spans(*t, box, index), "checked_spans"));
+      work.region_hits += work.spans.back().size();
     }
     t1 = now_s();
     work.lookup_s += t1 - t0;
@@ -438,10 +435,10 @@ RankLoadWork plan_one_rank_load(const CheckpointInfo& info, const std::vector<pl
   return work;
 }
 
-// The lookup the storage layer makes today for the same reads (RegionReader -> checked_spans:
-// every region of the tensor tested), for comparison.
+// The same spans found by testing every region of the tensor (checked_spans without an index, as
+// the storage layer did before), for comparison; `spans` receives them.
 double scan_lookup_s(const CheckpointInfo& info, const std::vector<planner::LoadWant>& wants,
-                     const std::vector<planner::ItemRole>& roles) {
+                     const std::vector<planner::ItemRole>& roles, std::vector<std::vector<storage::CheckedSpan>>* out) {
   std::vector<planner::StoredTensor> stored(wants.size());
   for (size_t i = 0; i < wants.size(); ++i) {
     const TensorInfo* t = info.find(wants[i].desc.key);
@@ -450,10 +447,14 @@ double scan_lookup_s(const CheckpointInfo& info, const std::vector<planner::Load
   const planner::RankLoadPlan plan = planner::plan_rank_load(roles, wants, stored, true);
   const double t0 = now_s();
   size_t spans = 0;
+  out->clear();
   for (const planner::ReadItem& r : plan.items) {
     if (r.role != planner::Role::kRead) continue;
     const TensorInfo* t = info.find(wants[static_cast<size_t>(r.item)].desc.key);
-    for (const Box& box : r.boxes) spans += check(storage::checked_spans(*t, box), "checked_spans").size();
+    for (const Box& box : r.boxes) {
+      out->push_back(check(storage::checked_spans(*t, box), "checked_spans"));
+      spans += out->back().size();
+    }
   }
   const double dt = now_s() - t0;
   if (spans == 0 && !plan.read_order.empty()) die("no regions found for a rank's reads");
@@ -634,11 +635,24 @@ int main(int argc, char** argv) {
   {
     const auto wants = load_wants(o, loading, info, loader_blobs, loads.rank);
     double best = 0;
+    std::vector<std::vector<storage::CheckedSpan>> scanned;
     for (int k = 0; k < o.repeats; ++k) {
-      const double dt = scan_lookup_s(info, wants, roles[static_cast<size_t>(loads.rank)]);
+      const double dt = scan_lookup_s(info, wants, roles[static_cast<size_t>(loads.rank)], &scanned);
       best = k == 0 ? dt : std::min(best, dt);
     }
     out["load_region_scan_ms_slowest_rank"] = best * 1e3;
+    // The index must find exactly the spans the scan finds.
+    const auto& indexed = slowest_work.spans;
+    bool same = indexed.size() == scanned.size();
+    for (size_t b = 0; same && b < indexed.size(); ++b) {
+      same = indexed[b].size() == scanned[b].size();
+      for (size_t k = 0; same && k < indexed[b].size(); ++k) {
+        const auto &x = indexed[b][k], &y = scanned[b][k];
+        same = x.region == y.region && x.begin == y.begin && x.end == y.end && x.verified == y.verified &&
+               x.widened == y.widened;
+      }
+    }
+    if (!same) die("the spans found through the region index differ from the scan's (slowest rank)");
   }
   out["peak_rss_mb"] = peak_rss_mb();
   out["total_s"] = now_s() - t_start;
