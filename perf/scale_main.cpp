@@ -27,6 +27,7 @@
 #include "planner/save_planner.h"
 #include "storage/checkpoint_commit.h"
 #include "storage/meta_v2.h"
+#include "storage/region_lookup.h"
 #include "storage/verify_blocks.h"
 #include "workload.h"
 
@@ -52,6 +53,14 @@ T check(Result<T> r, const char* what) {
 double cpu_s() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU time of the calling thread: a rank's own planning, timed without the waits for a core that
+// dominate wall times on a loaded 2-core VM.
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
@@ -258,6 +267,80 @@ uint64_t index_bytes(const CheckpointInfo& info) {
   return *bytes;
 }
 
+// ---- plan digests: the same plans before and after an optimization ---------------------------
+
+// FNV-1a over the plans' fields, printed so that two builds' plans of the 405B case can be
+// compared without storing them (the unit tests compare small plans field by field).
+struct Digest {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  }
+  void i64(int64_t v) { bytes(&v, sizeof v); }
+  void str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  void shape(const Shape& s) {
+    i64(static_cast<int64_t>(s.size()));
+    for (int64_t v : s) i64(v);
+  }
+  void box(const Box& b) {
+    shape(b.offset);
+    shape(b.shape);
+  }
+  void shard(const ShardSpec& s) {
+    box(s.box);
+    i64(s.flat ? 1 : 0);
+    if (s.flat) {
+      i64(s.flat->first);
+      i64(s.flat->second);
+    }
+  }
+  std::string hex() const {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    return buf;
+  }
+};
+
+std::string save_plan_digest(const planner::SavePlan& plan) {
+  Digest d;
+  for (const auto& t : plan.tensors) {
+    d.str(t.key);
+    d.i64(static_cast<int64_t>(t.dtype));
+    d.shape(t.shape);
+    d.i64(static_cast<int64_t>(t.regions.size()));
+    for (const auto& r : t.regions) {
+      d.shard(r.shard);
+      d.i64(r.writer);
+    }
+  }
+  for (uint64_t b : plan.bytes_by_rank) d.i64(static_cast<int64_t>(b));
+  return d.hex();
+}
+
+std::string roles_digest(const planner::LoadPlan& plan, const std::vector<std::vector<planner::ItemRole>>& roles) {
+  Digest d;
+  for (const auto& g : plan.groups) {
+    d.i64(g.reader);
+    d.i64(static_cast<int64_t>(g.bytes));
+    for (const auto& m : g.members) {
+      d.i64(m.rank);
+      d.i64(m.item);
+    }
+  }
+  for (uint64_t b : plan.read_bytes_by_rank) d.i64(static_cast<int64_t>(b));
+  for (const auto& rank : roles)
+    for (const auto& r : rank) {
+      d.i64(static_cast<int64_t>(r.role));
+      d.i64(r.group);
+      d.i64(r.peer);
+      for (int32_t t : r.targets) d.i64(t);
+    }
+  return d.hex();
+}
+
 // ---- per-rank timings -------------------------------------------------------------------------
 
 // Ranks to time one by one: for every (TP, PP) position the DP replica with the most work of the
@@ -301,9 +384,11 @@ struct Slowest {
 
 // One rank's load plan, as the engine computes it for itself once the coordinator has sent its
 // roles: its requests, the stored tensor of each item, plan_rank_load, and for every box it reads
-// the saved regions holding its elements (indexed per tensor on first use).
+// the verification spans of the saved regions holding its elements (storage::checked_spans, the
+// regions found through storage::RegionLookup's index of each tensor, built on first use).
 struct RankLoadWork {
   size_t read_items = 0, region_hits = 0;
+  std::vector<std::vector<storage::CheckedSpan>> spans;  // per box read, in plan order
   // Where the time goes (seconds): requests, stored-tensor lookups, plan_rank_load, indexing the
   // regions of the tensors read, and the lookups of the boxes read.
   double requests_s = 0, stored_s = 0, plan_s = 0, index_s = 0, lookup_s = 0;
@@ -319,11 +404,11 @@ struct RankLoadWork {
 RankLoadWork plan_one_rank_load(const CheckpointInfo& info, const std::vector<planner::LoadWant>& wants,
                                 const std::vector<planner::ItemRole>& roles) {
   RankLoadWork work;
-  double t0 = now_s();
+  double t0 = thread_cpu_s();
   std::vector<planner::LoadRequest> requests;
   requests.reserve(wants.size());
   for (const auto& w : wants) requests.push_back(planner::make_request(w));
-  double t1 = now_s();
+  double t1 = thread_cpu_s();
   work.requests_s = t1 - t0;
   std::vector<planner::StoredTensor> stored(wants.size());
   std::vector<const TensorInfo*> tensor_of(wants.size());
@@ -331,57 +416,55 @@ RankLoadWork plan_one_rank_load(const CheckpointInfo& info, const std::vector<pl
     tensor_of[i] = info.find(wants[i].desc.key);
     stored[i] = {tensor_of[i]->dtype, tensor_of[i]->shape, tensor_of[i]->file_offset};
   }
-  t0 = now_s();
+  t0 = thread_cpu_s();
   work.stored_s = t0 - t1;
   const planner::RankLoadPlan plan = planner::plan_rank_load(roles, wants, stored, /*file_order=*/true);
-  t1 = now_s();
+  t1 = thread_cpu_s();
   work.plan_s = t1 - t0;
-  std::map<const TensorInfo*, planner::RegionIndex> indexes;
-  std::vector<size_t> hits;
+  storage::RegionLookup lookup(info);
+  std::set<const TensorInfo*> indexed;
   for (const planner::ReadItem& r : plan.items) {
     if (r.role != planner::Role::kRead) continue;
     ++work.read_items;
     const TensorInfo* t = tensor_of[static_cast<size_t>(r.item)];
-    auto it = indexes.find(t);
-    if (it == indexes.end()) {
-      t0 = now_s();
-      it = indexes
-               .emplace(t, planner::RegionIndex(t->shape, t->regions.size(),
-                                                [&](size_t k) -> const ShardSpec& { return t->regions[k].shard; }))
-               .first;
-      t1 = now_s();
-      work.index_s += t1 - t0;
-    }
-    t0 = now_s();
+    t0 = thread_cpu_s();
+    const planner::RegionIndex* index = lookup.of(*t);
+    t1 = thread_cpu_s();
+    if (indexed.insert(t).second) work.index_s += t1 - t0;
+    else work.lookup_s += t1 - t0;
+    t0 = thread_cpu_s();
     for (const Box& box : r.boxes) {
-      hits.clear();
-      it->second.find(box, &hits);
-      work.region_hits += hits.size();
+      work.spans.push_back(check(storage::checked_spans(*t, box, index), "checked_spans"));
+      work.region_hits += work.spans.back().size();
     }
-    t1 = now_s();
+    t1 = thread_cpu_s();
     work.lookup_s += t1 - t0;
   }
   return work;
 }
 
-// The lookup the storage layer makes today for the same reads (RegionReader -> checked_spans:
-// every region of the tensor tested), for comparison.
+// The same spans found by testing every region of the tensor (checked_spans without an index, as
+// the storage layer did before), for comparison; `spans` receives them.
 double scan_lookup_s(const CheckpointInfo& info, const std::vector<planner::LoadWant>& wants,
-                     const std::vector<planner::ItemRole>& roles) {
+                     const std::vector<planner::ItemRole>& roles, std::vector<std::vector<storage::CheckedSpan>>* out) {
   std::vector<planner::StoredTensor> stored(wants.size());
   for (size_t i = 0; i < wants.size(); ++i) {
     const TensorInfo* t = info.find(wants[i].desc.key);
     stored[i] = {t->dtype, t->shape, t->file_offset};
   }
   const planner::RankLoadPlan plan = planner::plan_rank_load(roles, wants, stored, true);
-  const double t0 = now_s();
+  const double t0 = thread_cpu_s();
   size_t spans = 0;
+  out->clear();
   for (const planner::ReadItem& r : plan.items) {
     if (r.role != planner::Role::kRead) continue;
     const TensorInfo* t = info.find(wants[static_cast<size_t>(r.item)].desc.key);
-    for (const Box& box : r.boxes) spans += check(storage::checked_spans(*t, box), "checked_spans").size();
+    for (const Box& box : r.boxes) {
+      out->push_back(check(storage::checked_spans(*t, box), "checked_spans"));
+      spans += out->back().size();
+    }
   }
-  const double dt = now_s() - t0;
+  const double dt = thread_cpu_s() - t0;
   if (spans == 0 && !plan.read_order.empty()) die("no regions found for a rank's reads");
   return dt;
 }
@@ -447,9 +530,12 @@ int main(int argc, char** argv) {
     nitems += items[static_cast<size_t>(r)].size();
   }
   double t0 = now_s(), c0 = cpu_s();
-  planner::SavePlan plan = check(planner::plan_save(items), "plan_save");
+  // The coordinator plans from its gathered copy of the items and gives it up (save_engine), so
+  // the plan takes the regions' shards over instead of copying them.
+  planner::SavePlan plan = check(planner::plan_save(std::move(items)), "plan_save");
   const double plan_save_s = now_s() - t0;
   out["plan_save_cpu_s"] = cpu_s() - c0;
+  out["save_plan_digest"] = save_plan_digest(plan);
   size_t nregions = 0;
   for (const auto& t : plan.tensors) nregions += t.regions.size();
   out["items"] = nitems;
@@ -465,12 +551,12 @@ int main(int argc, char** argv) {
   constexpr uint64_t kMaxPieceBytes = 256ull << 20;  // CheckpointerOptions::max_piece_bytes
   Slowest writes;
   for (int r : save_sample) {
+    const std::vector<planner::ItemDesc> own = save_items(o, saving, r);  // what the rank itself holds
     double best = 0;
     for (int k = 0; k < o.repeats; ++k) {
-      t0 = now_s();
-      auto w =
-          check(planner::plan_writes(r, plan.tensors, items[static_cast<size_t>(r)], kMaxPieceBytes), "plan_writes");
-      const double dt = now_s() - t0;
+      t0 = thread_cpu_s();
+      auto w = check(planner::plan_writes(r, plan.tensors, own, kMaxPieceBytes), "plan_writes");
+      const double dt = thread_cpu_s() - t0;
       best = k == 0 ? dt : std::min(best, dt);
       const auto regions_done = std::count_if(w.begin(), w.end(), [](const auto& x) { return x.region_end; });
       if (static_cast<size_t>(regions_done) != writes_per_rank[static_cast<size_t>(r)])
@@ -523,6 +609,7 @@ int main(int argc, char** argv) {
   const auto roles = planner::assign_roles(load_plan, item_of, counts);
   out["load_coordinator_s"] = now_s() - t0;
   out["load_coordinator_cpu_s"] = cpu_s() - c0;
+  out["load_roles_digest"] = roles_digest(load_plan, roles);
   out["load_requests"] = nrequests;
   out["load_groups"] = load_plan.groups.size();
   requests.clear();
@@ -553,14 +640,28 @@ int main(int argc, char** argv) {
   out["load_ranks_timed"] = load_sample.size();
   out["rank_sample"] = sample_how;
   out["rank_repeats"] = o.repeats;
+  out["rank_clock"] = "thread CPU time";
   {
     const auto wants = load_wants(o, loading, info, loader_blobs, loads.rank);
     double best = 0;
+    std::vector<std::vector<storage::CheckedSpan>> scanned;
     for (int k = 0; k < o.repeats; ++k) {
-      const double dt = scan_lookup_s(info, wants, roles[static_cast<size_t>(loads.rank)]);
+      const double dt = scan_lookup_s(info, wants, roles[static_cast<size_t>(loads.rank)], &scanned);
       best = k == 0 ? dt : std::min(best, dt);
     }
     out["load_region_scan_ms_slowest_rank"] = best * 1e3;
+    // The index must find exactly the spans the scan finds.
+    const auto& indexed = slowest_work.spans;
+    bool same = indexed.size() == scanned.size();
+    for (size_t b = 0; same && b < indexed.size(); ++b) {
+      same = indexed[b].size() == scanned[b].size();
+      for (size_t k = 0; same && k < indexed[b].size(); ++k) {
+        const auto &x = indexed[b][k], &y = scanned[b][k];
+        same = x.region == y.region && x.begin == y.begin && x.end == y.end && x.verified == y.verified &&
+               x.widened == y.widened;
+      }
+    }
+    if (!same) die("the spans found through the region index differ from the scan's (slowest rank)");
   }
   out["peak_rss_mb"] = peak_rss_mb();
   out["total_s"] = now_s() - t_start;

@@ -894,6 +894,166 @@ TEST(RegionIndex, ZeroShardsOfOneLayoutSeenFromAnother) {
 
 // ---- scale: a simulated Megatron-like job of 10,000 ranks -----------------------------------
 
+// ---- plan_save against a plain reference, layout by layout ------------------------------------
+// The planner's data structures (region pool, hash tables, sort keys) are optimizations: the plan
+// itself is specified by the rules below, which a few lines of maps and linear searches compute
+// independently. Every field of both plans is compared, so an optimization that changes a region's
+// order, a writer or a byte count fails here.
+
+struct JobLayout {
+  int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1;
+  bool zero = false;
+  int experts = 0;      // experts of the MoE layers (every second layer), 0: dense
+  bool fused = false;   // fc1 as a fused [gate; up] item of two pieces per TP rank
+  std::string tag() const {
+    return "tp" + std::to_string(tp) + ".cp" + std::to_string(cp) + ".dp" + std::to_string(dp) + ".pp" +
+           std::to_string(pp) + ".ep" + std::to_string(ep) + (zero ? ".zero" : "") +
+           (experts ? ".moe" + std::to_string(experts) : "") + (fused ? ".fused" : "");
+  }
+};
+
+// What every rank registers: a small GPT (4 layers, uneven sizes) under the layout. Rank order as
+// the topology's: TP fastest, then CP, DP, PP. CP ranks hold the same parameters (replicas); EP
+// splits the expert dimension over groups of DP ranks (expert-data-parallel over the rest).
+Ranks layout_items(const JobLayout& l) {
+  const int64_t H = 24, F = 40, V = 67, E = l.experts;
+  const int layers = 4;
+  const int world = l.tp * l.cp * l.dp * l.pp;
+  Ranks ranks(static_cast<size_t>(world));
+  for (int p = 0; p < l.pp; ++p)
+    for (int d = 0; d < l.dp; ++d)
+      for (int c = 0; c < l.cp; ++c)
+        for (int t = 0; t < l.tp; ++t) {
+          auto& items = ranks[static_cast<size_t>(t + l.tp * (c + l.cp * (d + l.dp * p)))];
+          // Optimizer states: flat slices of the rank's shard over `n` ZeRO ranks (slice `i`).
+          auto add = [&](const std::string& name, const Shape& shape, const ShardSpec& shard, int i, int n) {
+            items.push_back(item("model/" + name, shape, shard, DType::kBF16));
+            if (!l.zero) {
+              items.push_back(item("optimizer/exp_avg/" + name, shape, shard));
+              return;
+            }
+            const int64_t numel = shard.numel();
+            const int64_t b = numel * i / n, e = numel * (i + 1) / n;
+            for (const char* st : {"fp32_param", "exp_avg", "exp_avg_sq"})
+              items.push_back(item(std::string("optimizer/") + st + "/" + name, shape,
+                                   ShardSpec::flat_range(shard.box, b, e)));
+          };
+          const int dense_i = d * l.cp + c, dense_n = l.dp * l.cp;
+          if (p == 0) add("embedding", {V, H}, ShardSpec::split({V, H}, 0, l.tp, t), dense_i, dense_n);
+          for (int layer = p * layers / l.pp; layer < (p + 1) * layers / l.pp; ++layer) {
+            const std::string pre = "layers." + std::to_string(layer) + ".";
+            add(pre + "qkv", {3 * H, H}, ShardSpec::split({3 * H, H}, 0, l.tp, t), dense_i, dense_n);
+            add(pre + "proj", {H, H}, ShardSpec::split({H, H}, 1, l.tp, t), dense_i, dense_n);
+            add(pre + "ln", {H}, ShardSpec::whole({H}), dense_i, dense_n);
+            if (E > 0 && layer % 2 == 1) {
+              const int ep_rank = d % l.ep, edp_i = d / l.ep, edp_n = l.dp / l.ep;
+              ShardSpec s = ShardSpec::split({E, F, H}, 1, l.tp, t);
+              s.box.offset[0] = E / l.ep * ep_rank;
+              s.box.shape[0] = E / l.ep;
+              add(pre + "experts.fc1", {E, F, H}, s, edp_i, edp_n);
+            } else if (l.fused) {
+              // [gate; up] rows t of each half in one buffer: two pieces of one item.
+              const ShardSpec gate = ShardSpec::split({F, H}, 0, l.tp, t);
+              ShardSpec up = gate;
+              up.box.offset[0] += F;
+              items.push_back(item("model/" + pre + "fc1", {2 * F, H}, gate, DType::kBF16));
+              items.push_back(item("model/" + pre + "fc1", {2 * F, H}, up, DType::kBF16));
+              items.back().continues = true;
+            } else {
+              add(pre + "fc1", {F, H}, ShardSpec::split({F, H}, 0, l.tp, t), dense_i, dense_n);
+            }
+          }
+          if (p == l.pp - 1) add("final_ln", {H}, ShardSpec::whole({H}), dense_i, dense_n);
+          items.push_back(item("optimizer/step", {1}, ShardSpec::whole({1}), DType::kI64));
+          items.push_back(item("extra/rng/rank" + std::to_string(items.size() % 7) + "." + std::to_string(t) + "." +
+                                   std::to_string(c) + "." + std::to_string(d) + "." + std::to_string(p),
+                               {16}, ShardSpec::whole({16}), DType::kU8));
+        }
+  return ranks;
+}
+
+// The rules of docs/design.md, computed plainly: tensors sorted by key; a tensor's regions are its
+// distinct non-empty shards in order of first appearance (ranks ascending, items in order); each
+// region's holders ascending; regions written largest first (ties in plan order), each by its
+// least-loaded holder (ties to the lowest rank).
+SavePlan reference_plan(const Ranks& ranks) {
+  struct Ref {
+    DType dtype;
+    Shape shape;
+    std::vector<ShardSpec> regions;
+    std::vector<std::vector<int>> holders;
+  };
+  std::map<std::string, Ref> tensors;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (const ItemDesc& it : ranks[r]) {
+      Ref& t = tensors.try_emplace(it.key, Ref{it.dtype, it.global_shape, {}, {}}).first->second;
+      if (it.shard.numel() == 0) continue;
+      size_t k = 0;
+      while (k < t.regions.size() && !(t.regions[k] == it.shard)) ++k;
+      if (k == t.regions.size()) {
+        t.regions.push_back(it.shard);
+        t.holders.emplace_back();
+      }
+      t.holders[k].push_back(static_cast<int>(r));
+    }
+  SavePlan plan;
+  plan.bytes_by_rank.assign(ranks.size(), 0);
+  std::vector<std::tuple<int64_t, size_t, size_t>> jobs;  // bytes, tensor, region
+  for (auto& [key, t] : tensors) {
+    TensorPlan tp{key, t.dtype, t.shape, {}};
+    for (size_t k = 0; k < t.regions.size(); ++k) {
+      tp.regions.push_back(PlannedRegion{t.regions[k], -1});
+      jobs.emplace_back(bytes_of(t.regions[k], t.dtype), plan.tensors.size(), k);
+    }
+    plan.tensors.push_back(std::move(tp));
+  }
+  std::stable_sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  for (const auto& [bytes, ti, k] : jobs) {
+    const auto& holders = tensors.at(plan.tensors[ti].key).holders[k];
+    int best = holders[0];
+    for (int h : holders)
+      if (plan.bytes_by_rank[h] < plan.bytes_by_rank[best]) best = h;
+    plan.tensors[ti].regions[k].writer = best;
+    plan.bytes_by_rank[best] += static_cast<uint64_t>(bytes);
+  }
+  return plan;
+}
+
+void expect_same_plan(const SavePlan& got, const SavePlan& want, const std::string& what) {
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << what;
+  for (size_t t = 0; t < want.tensors.size(); ++t) {
+    const TensorPlan &g = got.tensors[t], &w = want.tensors[t];
+    ASSERT_EQ(g.key, w.key) << what;
+    EXPECT_EQ(g.dtype, w.dtype) << what << " " << w.key;
+    EXPECT_EQ(g.shape, w.shape) << what << " " << w.key;
+    ASSERT_EQ(g.regions.size(), w.regions.size()) << what << " " << w.key;
+    for (size_t k = 0; k < w.regions.size(); ++k) {
+      EXPECT_EQ(sig_of(g.regions[k].shard), sig_of(w.regions[k].shard)) << what << " " << w.key << " region " << k;
+      EXPECT_EQ(g.regions[k].writer, w.regions[k].writer) << what << " " << w.key << " region " << k;
+    }
+  }
+  EXPECT_EQ(got.bytes_by_rank, want.bytes_by_rank) << what;
+}
+
+TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {
+  const std::vector<JobLayout> layouts = {
+      {1, 1, 1, 1, 1, false, 0, false},  {2, 1, 2, 2, 1, false, 0, false}, {2, 1, 3, 1, 1, true, 0, false},
+      {2, 2, 2, 2, 1, true, 0, false},   {1, 1, 4, 2, 2, true, 4, false},  {2, 1, 4, 1, 4, true, 8, false},
+      {2, 1, 2, 2, 1, false, 0, true},   {4, 2, 3, 1, 1, true, 0, true},   {2, 2, 4, 2, 2, true, 4, true}};
+  for (const JobLayout& l : layouts) {
+    const Ranks ranks = layout_items(l);
+    const SavePlan want = reference_plan(ranks);
+    auto got = plan_save(ranks);
+    ASSERT_TRUE(got.ok()) << l.tag() << ": " << got.status().to_string();
+    expect_same_plan(*got, want, l.tag());
+    check_plan(ranks, *got);
+    Ranks given_up = ranks;  // the coordinator's overload: shards moved into the plan
+    auto moved = plan_save(std::move(given_up));
+    ASSERT_TRUE(moved.ok()) << l.tag();
+    expect_same_plan(*moved, want, l.tag() + " (items given up)");
+  }
+}
+
 TEST(PlanSaveScale, MegatronLike10000Ranks) {
   const int TP = 8, PP = 10, DP = 125, kLayersPerStage = 2;
   const int64_t H = 500, V = 1003;  // uneven TP splits on purpose

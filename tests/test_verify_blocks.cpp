@@ -11,8 +11,10 @@
 #include <random>
 
 #include "planner/box_math.h"
+#include "storage/region_lookup.h"
 #include "storage/region_reader.h"
 #include "storage/verify_blocks.h"
+#include "util/checked_math.h"
 
 using namespace h5ckpt;
 namespace fs = std::filesystem;
@@ -256,4 +258,94 @@ TEST_F(VerifyBlocks, SameLayoutReadsWidenNothing) {
   EXPECT_EQ(r->widened_bytes(), 0u);
   EXPECT_EQ(r->bytes_read(), 19u * 50 * 4);  // read once, checked in place
   for (int64_t i = 0; i < 19 * 50; ++i) ASSERT_EQ(buf[i], value(i));
+}
+
+namespace {
+// TP column boxes, each flattened and split over `dp` ranks unevenly (ZeRO): many flat regions
+// whose boxes overlap a wanted box while their element ranges may miss it.
+std::vector<ShardSpec> tp_zero_split(int64_t rows, int64_t cols, int tp, int dp) {
+  std::vector<ShardSpec> out;
+  for (int t = 0; t < tp; ++t) {
+    const ShardSpec col = ShardSpec::split({rows, cols}, 1, tp, t);
+    const int64_t n = col.numel();
+    for (int d = 0; d < dp; ++d) {
+      const int64_t b = n * d / dp + (d > 0 ? d % 3 : 0), e = d + 1 == dp ? n : n * (d + 1) / dp + (d + 1) % 3;
+      out.push_back(ShardSpec::flat_range(col.box, b, e));
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// storage::checked_spans through a RegionLookup's index returns exactly what testing every region
+// returns (region, element range, widening), and reads through it deliver the right values.
+TEST_F(VerifyBlocks, CheckedSpansThroughTheIndexEqualTheScan) {
+  std::mt19937 g(11);
+  const std::vector<std::vector<ShardSpec>> layouts = {
+      column_split(), zero_split(), tp_zero_split(37, 50, 2, 7), tp_zero_split(37, 50, 5, 3),
+      tp_zero_split(37, 50, 2, 150),  // ranges shorter than a row: some fall between the rows of a box
+      {box(0, 0, 20, 50), flat(37, 50, 1000, 1500), flat(37, 50, 1500, 1850)}};
+  size_t compared = 0, nonempty = 0;
+  for (const auto& regions : layouts) {
+    for (uint64_t target : {64ull, 1ull << 20}) {
+      Fixture f(dir_, 37, 50, regions, target);
+      CheckpointInfo info;
+      info.tensors.push_back(f.t);
+      storage::RegionLookup lookup(info);
+      const TensorInfo& t = info.tensors[0];
+      const planner::RegionIndex* index = lookup.of(t);
+      ASSERT_NE(index, nullptr);
+      EXPECT_EQ(lookup.of(f.t), nullptr) << "a tensor of another CheckpointInfo has no index here";
+      for (int i = 0; i < 300; ++i) {
+        const Box want = i == 0 ? Box{{0, 0}, {37, 50}} : random_box(g, 37, 50);
+        auto scanned = storage::checked_spans(t, want);
+        auto indexed = storage::checked_spans(t, want, index);
+        ASSERT_TRUE(scanned.ok() && indexed.ok());
+        ASSERT_EQ(indexed->size(), scanned->size()) << "box " << to_string_shape(want.offset) << "+"
+                                                    << to_string_shape(want.shape);
+        for (size_t k = 0; k < scanned->size(); ++k) {
+          const auto &x = (*indexed)[k], &y = (*scanned)[k];
+          EXPECT_EQ(x.region, y.region);
+          EXPECT_EQ(x.begin, y.begin);
+          EXPECT_EQ(x.end, y.end);
+          EXPECT_EQ(x.verified, y.verified);
+          EXPECT_EQ(x.widened, y.widened);
+        }
+        ++compared;
+        nonempty += !scanned->empty();
+      }
+      // Reads through the reader's lookup: right values, every byte checked.
+      auto r = storage::RegionReader::open(f.file);
+      ASSERT_TRUE(r.ok());
+      r->set_lookup(&lookup);
+      for (int i = 0; i < 20; ++i) {
+        const Box want = random_box(g, 37, 50);
+        std::vector<float> buf(static_cast<size_t>(want.volume()), -1.0f);
+        ASSERT_TRUE(r->read(t, want, planner::Frame{want, 0}, DType::kF32, buf.data()).ok());
+        for (int64_t a = 0; a < want.shape[0]; ++a)
+          for (int64_t b = 0; b < want.shape[1]; ++b)
+            ASSERT_EQ(buf[static_cast<size_t>(a * want.shape[1] + b)],
+                      value((want.offset[0] + a) * 50 + want.offset[1] + b));
+      }
+    }
+  }
+  EXPECT_EQ(nonempty, compared);  // every box lies in the tensor: some region always holds it
+}
+
+// A region whose blocks do not fit it is reported through the index as through the scan.
+TEST_F(VerifyBlocks, CorruptBlockGeometryIsReportedThroughTheIndex) {
+  Fixture f(dir_, 37, 50, tp_zero_split(37, 50, 2, 7), 64);
+  CheckpointInfo info;
+  info.tensors.push_back(f.t);
+  info.tensors[0].regions[4].block_checksums.pop_back();  // one checksum short
+  storage::RegionLookup lookup(info);
+  const TensorInfo& t = info.tensors[0];
+  const Box all{{0, 0}, {37, 50}};
+  auto scanned = storage::checked_spans(t, all);
+  auto indexed = storage::checked_spans(t, all, lookup.of(t));
+  ASSERT_FALSE(scanned.ok());
+  ASSERT_FALSE(indexed.ok());
+  EXPECT_EQ(indexed.status().code(), ErrorCode::kCorrupt);
+  EXPECT_EQ(indexed.status().to_string(), scanned.status().to_string());
+  EXPECT_NE(indexed.status().to_string().find("region 4"), std::string::npos) << indexed.status().to_string();
 }

@@ -135,7 +135,7 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
       else st = d.status().with_context("from rank " + std::to_string(r));
     }
     Result<planner::SavePlan> plan = st;
-    if (st.ok()) plan = planner::plan_save(all);
+    if (st.ok()) plan = planner::plan_save(std::move(all));  // the gathered copy is not used again
     plan_bytes = plan.ok() ? Result<std::string>(wire::encode_tensors(plan->tensors))
                            : Result<std::string>(plan.status().with_context("planning"));
   }

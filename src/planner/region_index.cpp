@@ -57,7 +57,7 @@ void RegionIndex::build() {
   for (size_t node = leaves; node-- > 1;) max_end_[node] = std::max(max_end_[2 * node], max_end_[2 * node + 1]);
 }
 
-bool RegionIndex::holds_part_of(size_t region, const Box& want) const {
+bool RegionIndex::holds_part_of(size_t region, const Box& want, bool by_box) const {
   const size_t n = shape_.size();
   const int64_t* offset = corners_.data() + 2 * n * region;
   const int64_t* extent = offset + n;
@@ -65,7 +65,7 @@ bool RegionIndex::holds_part_of(size_t region, const Box& want) const {
     if (std::max(offset[d], want.offset[d]) >= std::min(offset[d] + extent[d], want.offset[d] + want.shape[d]))
       return false;
   const auto [begin, end] = flat_[region];
-  if (begin < 0) return true;
+  if (begin < 0 || by_box) return true;
   // A flat range leaves parts of its box out: test its pieces (few, and only for candidates).
   const Box box{Shape(offset, offset + n), Shape(extent, extent + n)};
   for (const Box& piece : decompose_flat(box, begin, end))
@@ -76,18 +76,18 @@ bool RegionIndex::holds_part_of(size_t region, const Box& want) const {
 // Visits the entries [lo, hi) under `node` that start before entry `bound` and end after
 // `want_first`, pruning subtrees that end too early.
 void RegionIndex::collect(size_t node, size_t lo, size_t hi, size_t bound, int64_t want_first, const Box& want,
-                          std::vector<size_t>* out) const {
+                          bool by_box, std::vector<size_t>* out) const {
   if (lo >= bound || max_end_[node] <= want_first) return;
   if (hi - lo == 1) {
-    if (holds_part_of(entries_[lo].region, want)) out->push_back(entries_[lo].region);
+    if (holds_part_of(entries_[lo].region, want, by_box)) out->push_back(entries_[lo].region);
     return;
   }
   const size_t mid = lo + (hi - lo) / 2;
-  collect(2 * node, lo, mid, bound, want_first, want, out);
-  collect(2 * node + 1, mid, hi, bound, want_first, want, out);
+  collect(2 * node, lo, mid, bound, want_first, want, by_box, out);
+  collect(2 * node + 1, mid, hi, bound, want_first, want, by_box, out);
 }
 
-void RegionIndex::find(const Box& want, std::vector<size_t>* out) const {
+void RegionIndex::find(const Box& want, std::vector<size_t>* out, bool by_box) const {
   const size_t n = shape_.size();
   if (entries_.empty() || want.offset.size() != n || want.shape.size() != n) return;
   // The wanted box cut to the tensor; its elements lie between its first and last corner.
@@ -107,7 +107,7 @@ void RegionIndex::find(const Box& want, std::vector<size_t>* out) const {
       std::partition_point(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.first < want_end; }) -
       entries_.begin());
   const size_t start = out->size();
-  collect(1, 0, max_end_.size() / 2, bound, want_first, cut, out);
+  collect(1, 0, max_end_.size() / 2, bound, want_first, cut, by_box, out);
   std::sort(out->begin() + static_cast<std::ptrdiff_t>(start), out->end());
 }
 

@@ -27,8 +27,11 @@ class RegionIndex {
   }
 
   /// Appends to `out`, in ascending order, the index of every region sharing an element with
-  /// `want` (a box of the tensor's rank).
-  void find(const Box& want, std::vector<size_t>* out) const;
+  /// `want` (a box of the tensor's rank). With `by_box`, every region whose box meets `want` and
+  /// whose flat range (when it has one) reaches from `want`'s first to its last element in the
+  /// tensor's row-major order: what a scan testing boxes and element ranges finds, a superset
+  /// (storage::checked_spans then drops the ones that touch nothing it reads).
+  void find(const Box& want, std::vector<size_t>* out, bool by_box = false) const;
   size_t size() const { return flat_.size(); }
 
  private:
@@ -41,8 +44,8 @@ class RegionIndex {
   };
   void add(const ShardSpec& shard);
   void build();
-  bool holds_part_of(size_t region, const Box& want) const;
-  void collect(size_t node, size_t lo, size_t hi, size_t bound, int64_t want_first, const Box& want,
+  bool holds_part_of(size_t region, const Box& want, bool by_box) const;
+  void collect(size_t node, size_t lo, size_t hi, size_t bound, int64_t want_first, const Box& want, bool by_box,
                std::vector<size_t>* out) const;
 
   Shape shape_;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "planner/box_math.h"
+#include "planner/bulk_allocator.h"
 #include "planner/region_overlap.h"
 #include "util/checked_math.h"
 
@@ -64,16 +65,25 @@ std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
   return s.flat ? *s.flat : std::pair<int64_t, int64_t>{0, s.box.volume()};
 }
 
-// A unique non-empty region of a tensor: the first holder's description of it (copied only into
-// the plan, once every check has passed), with what the checks need kept beside it so that they
-// compare integers rather than chase the descriptions of thousands of ranks.
+// A unique non-empty region of a tensor: the first holder's description of it (moved or copied
+// into the plan once every check has passed), with what the checks need kept beside it so that
+// they compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at
+// 8,960 ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
 struct UniqueRegion {
   const ShardSpec* shard;
   int64_t begin, end;  // flat_span(*shard)
-  uint64_t hash;       // of box and range: replicas hash alike
   uint64_t box_hash;   // of the box alone: the flat ranges of one box hash alike
-  int64_t bytes;
 };
+
+// Of box and range: replicas hash alike.
+uint64_t region_hash(uint64_t box_hash, int64_t begin, int64_t end) {
+  return finish(mix(mix(box_hash, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
+}
+
+// Every unique region of every tensor, numbered in order of discovery: one pool reserved for the
+// worst case (one region per item) up front, so it never moves and only the pages it uses are
+// touched, where per-tensor vectors grew by doubling and copied everything on the way.
+using RegionPool = BulkVector<UniqueRegion>;
 
 // A tensor as the ranks declare it while their items are gathered, with its unique regions in
 // order of first appearance, found by shard in an open-addressing table of its own (small, so
@@ -82,49 +92,56 @@ struct TensorAcc {
   const ItemDesc* first;  // key, dtype and global shape as first declared
   int first_rank;
   int last_rank = -1;  // the last rank declaring it: another declaration there is a duplicate
-  std::vector<UniqueRegion> regions;
-  std::vector<uint32_t> slots;  // indices into regions; kEmptySlot: free
+  std::vector<uint32_t> regions;  // pool ids, in order of first appearance
+  std::vector<uint32_t> slots;    // indices into regions; kEmptySlot: free
 
   static constexpr uint32_t kEmptySlot = UINT32_MAX;
 
-  // The index of the region `shard` (`bytes` long), added when new (`*fresh`).
-  uint32_t find_or_add(const ShardSpec& shard, int64_t bytes, bool* fresh) {
-    if (2 * (regions.size() + 1) > slots.size()) grow();
+  // The pool id of the region `shard`, added to the pool when new.
+  uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
+    if (2 * (regions.size() + 1) > slots.size()) grow(pool);
     const uint64_t bh = box_hash(shard.box);
     const auto [begin, end] = flat_span(shard);
-    const uint64_t h = finish(mix(mix(bh, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
+    const uint64_t h = region_hash(bh, begin, end);
     const size_t mask = slots.size() - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
       const uint32_t k = slots[i];
       if (k == kEmptySlot) {
-        *fresh = true;
         slots[i] = static_cast<uint32_t>(regions.size());
-        regions.push_back(UniqueRegion{&shard, begin, end, h, bh, bytes});
-        return slots[i];
+        regions.push_back(static_cast<uint32_t>(pool.size()));
+        pool.push_back(UniqueRegion{&shard, begin, end, bh});
+        return regions.back();
       }
-      if (regions[k].hash == h && *regions[k].shard == shard) {
-        *fresh = false;
-        return k;
-      }
+      const UniqueRegion& known = pool[regions[k]];
+      if (known.box_hash == bh && known.begin == begin && known.end == end && *known.shard == shard)
+        return regions[k];
     }
   }
 
  private:
-  void grow() {
+  void grow(const RegionPool& pool) {
     slots.assign(std::max<size_t>(8, 2 * slots.size()), kEmptySlot);
     const size_t mask = slots.size() - 1;
     for (uint32_t k = 0; k < regions.size(); ++k) {
-      size_t i = regions[k].hash & mask;
+      const UniqueRegion& r = pool[regions[k]];
+      size_t i = region_hash(r.box_hash, r.begin, r.end) & mask;
       while (slots[i] != kEmptySlot) i = (i + 1) & mask;
       slots[i] = k;
     }
   }
 };
 
+// The regions of one tensor, k = 0, 1, ... in order of first appearance.
+struct TensorRegions {
+  const RegionPool& pool;
+  const std::vector<uint32_t>& ids;
+  size_t size() const { return ids.size(); }
+  const UniqueRegion& operator[](size_t k) const { return pool[ids[k]]; }
+};
+
 // Two regions sharing an element, from their pieces; exact for any boxes and flat ranges, and
 // O(n log n) for the usual layouts (see find_overlap).
-Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shape,
-                                                               const std::vector<UniqueRegion>& regions) {
+Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shape, const TensorRegions& regions) {
   std::vector<Box> pieces;
   std::vector<size_t> region_of;
   for (size_t r = 0; r < regions.size(); ++r)
@@ -142,7 +159,7 @@ Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shap
 // (the flat ranges of a ZeRO shard, or the box itself) must have disjoint ranges, and the distinct
 // boxes (a few per tensor: the TP shards) must be disjoint. Only when two distinct boxes overlap
 // are all the regions' pieces compared, which is exact but slower.
-Status check_disjoint_and_complete(const std::string& key, const Shape& shape, const std::vector<UniqueRegion>& regions,
+Status check_disjoint_and_complete(const std::string& key, const Shape& shape, const TensorRegions& regions,
                                    const std::function<int(size_t)>& holder_rank) {
   int64_t total = 1;
   for (auto s : shape)
@@ -150,8 +167,8 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
       return Status(ErrorCode::kInvalidArgument,
                     "key '" + key + "': global shape " + to_string_shape(shape) + " has too many elements");
   int64_t covered = 0;
-  for (const UniqueRegion& r : regions)
-    if (!checked_add(covered, r.end - r.begin, &covered)) covered = INT64_MAX;
+  for (size_t k = 0; k < regions.size(); ++k)
+    if (!checked_add(covered, regions[k].end - regions[k].begin, &covered)) covered = INT64_MAX;
   auto overlapping = [&](size_t a, size_t b) {
     if (a > b) std::swap(a, b);
     return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(*regions[a].shard) +
@@ -198,14 +215,22 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
 
 }  // namespace
 
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
+namespace {
+
+// plan_save for both overloads: `consumed` is `ranks` itself when the caller gave them up, and
+// then each region's shard is moved into the plan rather than copied (a copy is two allocations
+// per region: 2.9 million at 8,960 ranks, and fresh memory to fault in).
+Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
+                                std::vector<std::vector<ItemDesc>>* consumed) {
   std::vector<TensorAcc> accs;
   std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
-  // Per item, its tensor and region (kNone: holds nothing), to list the holders after the scan.
+  RegionPool pool;
+  pool.reserve(nitems);
+  // Per item, its region's pool id (kNone: holds nothing), to list the holders after the scan.
   constexpr uint32_t kNone = UINT32_MAX;
-  std::vector<std::pair<uint32_t, uint32_t>> region_of_item;
+  BulkVector<uint32_t> region_of_item;
   region_of_item.reserve(nitems);
   // Ranks of one pipeline stage list the same keys in the same order, and often the same shards
   // (replicas): each item is first compared with the previous rank's item at its position, whose
@@ -256,11 +281,10 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
           int64_t bytes = 0;
           if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
             return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
-          bool fresh = false;
-          region = acc.find_or_add(it.shard, bytes, &fresh);
+          region = acc.find_or_add(it.shard, pool);
         }
       }
-      region_of_item.emplace_back(t, region);
+      region_of_item.push_back(region);
       if (i >= previous.size()) previous.resize(i + 1, {kNone, kNone});
       previous[i] = {t, region};
     }
@@ -277,23 +301,19 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
                                                        "' is also a group prefix of key '" + std::string(key) + "'");
   }
 
-  // The ranks holding each region, ascending: counted, then placed (no list per region). Regions
-  // are numbered tensor by tensor: region k of tensor t is first_region[t] + k.
-  std::vector<uint32_t> first_region(accs.size() + 1, 0);
-  for (size_t t = 0; t < accs.size(); ++t)
-    first_region[t + 1] = first_region[t] + static_cast<uint32_t>(accs[t].regions.size());
-  std::vector<uint32_t> holders_begin(first_region.back() + 1, 0);
-  for (const auto& [t, region] : region_of_item)
-    if (region != kNone) ++holders_begin[first_region[t] + region + 1];
+  // The ranks holding each region (by pool id), ascending: counted, then placed (no list per
+  // region).
+  BulkVector<uint32_t> holders_begin(pool.size() + 1, 0);
+  for (uint32_t region : region_of_item)
+    if (region != kNone) ++holders_begin[region + 1];
   std::partial_sum(holders_begin.begin(), holders_begin.end(), holders_begin.begin());
-  std::vector<int> holders(holders_begin.back());
+  BulkVector<int> holders(holders_begin.back());
   {
-    std::vector<uint32_t> next(holders_begin.begin(), holders_begin.end() - 1);
+    BulkVector<uint32_t> next(holders_begin.begin(), holders_begin.end() - 1);
     size_t k = 0;
     for (size_t r = 0; r < ranks.size(); ++r)
       for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
-        if (const auto [t, region] = region_of_item[k]; region != kNone)
-          holders[next[first_region[t] + region]++] = static_cast<int>(r);
+        if (const uint32_t region = region_of_item[k]; region != kNone) holders[next[region]++] = static_cast<int>(r);
   }
   region_of_item = {};
   for (TensorAcc& acc : accs) acc.slots = {};
@@ -309,40 +329,52 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   struct Job {
     int64_t bytes;
     uint32_t tensor;  // in the plan
-    uint32_t region;  // first_region[...] + k: indexes holders_begin
+    uint32_t k;       // its region k
   };
-  std::vector<Job> jobs;
-  jobs.reserve(first_region.back());
+  BulkVector<Job> jobs;
+  jobs.reserve(pool.size());
   plan.tensors.reserve(accs.size());
   for (uint32_t a : by_key) {
-    TensorAcc& acc = accs[a];
-    const uint32_t base = first_region[a];
-    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(acc.first->key, acc.first->global_shape, acc.regions,
-                                                       [&](size_t k) { return holders[holders_begin[base + k]]; }));
+    const TensorAcc& acc = accs[a];
+    const TensorRegions regions{pool, acc.regions};
+    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(acc.first->key, acc.first->global_shape, regions,
+                                                       [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; }));
+    const int64_t es = static_cast<int64_t>(dtype_size(acc.first->dtype));  // numel * es checked in the scan
     TensorPlan tp{acc.first->key, acc.first->dtype, acc.first->global_shape, {}};
-    tp.regions.reserve(acc.regions.size());
-    for (size_t k = 0; k < acc.regions.size(); ++k) {
-      jobs.push_back(
-          Job{acc.regions[k].bytes, static_cast<uint32_t>(plan.tensors.size()), base + static_cast<uint32_t>(k)});
-      tp.regions.push_back(PlannedRegion{*acc.regions[k].shard, -1});
+    tp.regions.reserve(regions.size());
+    for (size_t k = 0; k < regions.size(); ++k) {
+      const UniqueRegion& reg = regions[k];
+      jobs.push_back(Job{(reg.end - reg.begin) * es, static_cast<uint32_t>(plan.tensors.size()), static_cast<uint32_t>(k)});
+      // The shard's owner is one of the consumed items: casting the constness away is sound.
+      if (consumed) tp.regions.push_back(PlannedRegion{std::move(*const_cast<ShardSpec*>(reg.shard)), -1});
+      else tp.regions.push_back(PlannedRegion{*reg.shard, -1});
     }
-    acc.regions = {};
     plan.tensors.push_back(std::move(tp));
   }
 
   // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
-  // holder (ties to the lowest rank).
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.bytes > b.bytes; });
+  // holder (ties to the lowest rank). Jobs are in plan order, so sorting on (bytes, position) is
+  // the stable sort by bytes, without the stable sort's buffer.
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    if (a.bytes != b.bytes) return a.bytes > b.bytes;
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.k < b.k;
+  });
   for (const Job& j : jobs) {
-    int best = holders[holders_begin[j.region]];
-    for (uint32_t h = holders_begin[j.region]; h < holders_begin[j.region + 1]; ++h)
+    const uint32_t id = accs[by_key[j.tensor]].regions[j.k];
+    int best = holders[holders_begin[id]];
+    for (uint32_t h = holders_begin[id]; h < holders_begin[id + 1]; ++h)
       if (plan.bytes_by_rank[holders[h]] < plan.bytes_by_rank[best]) best = holders[h];
-    const uint32_t k = j.region - first_region[by_key[j.tensor]];
-    plan.tensors[j.tensor].regions[k].writer = best;
+    plan.tensors[j.tensor].regions[j.k].writer = best;
     plan.bytes_by_rank[best] += static_cast<uint64_t>(j.bytes);
   }
   return plan;
 }
+
+}  // namespace
+
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) { return plan_save_impl(ranks, nullptr); }
+
+Result<SavePlan> plan_save(std::vector<std::vector<ItemDesc>>&& ranks) { return plan_save_impl(ranks, &ranks); }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
                                            const std::vector<ItemDesc>& items, uint64_t max_bytes) {

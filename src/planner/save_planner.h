@@ -75,6 +75,10 @@ Status validate_key(const std::string& key);
 /// and they cover each tensor completely. Identical regions (replicas) are written once, each
 /// by one of its holders chosen worst-fit by bytes so the write work is balanced.
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks);
+/// The same plan, made from item lists the caller gives up (the coordinator's gathered copy):
+/// each region's shard is moved into the plan instead of copied, which leaves the items' shards
+/// in a valid but unspecified state (the caller frees them when it likes: not inside this call).
+Result<SavePlan> plan_save(std::vector<std::vector<ItemDesc>>&& ranks);
 
 /// The writes of `rank` in a global plan: every region it was chosen to write, found through its
 /// own `items` (O(items x log tensors + their tensors' regions), not O(every region)), in plan

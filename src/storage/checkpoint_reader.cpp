@@ -9,9 +9,13 @@
 namespace h5ckpt {
 
 struct CheckpointReader::Impl {
-  explicit Impl(storage::OpenedCheckpoint opened) : info(std::move(opened.info)), file(std::move(opened.reader)) {}
+  explicit Impl(storage::OpenedCheckpoint opened)
+      : info(std::move(opened.info)), file(std::move(opened.reader)), lookup(info) {
+    file.set_lookup(&lookup);
+  }
   CheckpointInfo info;
   storage::RegionReader file;
+  storage::RegionLookup lookup;  // over `info`, which never changes: the regions each read touches
 };
 
 namespace {

@@ -51,7 +51,8 @@ RegionReader::RegionReader(RegionReader&& o) noexcept
       size_(o.size_),
       bytes_read_(o.bytes_read_),
       path_(std::move(o.path_)),
-      bounce_(std::move(o.bounce_)) {
+      bounce_(std::move(o.bounce_)),
+      lookup_(o.lookup_) {
   o.fd_ = -1;
 }
 
@@ -103,7 +104,7 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
   if (t.dtype != dst_type && !(dtype_is_float(t.dtype) && dtype_is_float(dst_type)))
     return Status(ErrorCode::kDtypeMismatch,
                   std::string("cannot convert ") + dtype_name(t.dtype) + " to " + dtype_name(dst_type));
-  H5CKPT_ASSIGN_OR_RETURN(std::vector<CheckedSpan> spans, checked_spans(t, want));
+  H5CKPT_ASSIGN_OR_RETURN(std::vector<CheckedSpan> spans, checked_spans(t, want, lookup_ ? lookup_->of(t) : nullptr));
   const uint64_t es = dtype_size(t.dtype);
   for (const CheckedSpan& span : spans) {
     if (!span.verified) {  // saved without checksums: read just the wanted part

@@ -8,6 +8,7 @@
 
 #include "h5ckpt/checkpoint_info.h"
 #include "planner/box_math.h"
+#include "storage/region_lookup.h"
 
 namespace h5ckpt::storage {
 
@@ -27,6 +28,10 @@ class RegionReader {
   /// default), every byte delivered is checked against the saved region's block checksums: the
   /// read widens to whole blocks (storage/verify_blocks.h), so nothing is read twice.
   Status read(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
+
+  /// Region indexes for read(): with `lookup` (not owned; nullptr: none), the regions a read
+  /// touches are found through the index of the tensor read rather than by testing them all.
+  void set_lookup(RegionLookup* lookup) { lookup_ = lookup; }
 
   /// Turns the block checks of read() and read_shard() off (LoadOptions::verify = false).
   void set_verify(bool on) { verify_ = on; }
@@ -64,6 +69,7 @@ class RegionReader {
   int64_t delivered_ = 0;  // elements of the current read() placed in the destination
   std::string path_;
   std::vector<char> bounce_;
+  RegionLookup* lookup_ = nullptr;
 };
 
 /// A checkpoint opened for reading: its validated metadata and its data file.

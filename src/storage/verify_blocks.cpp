@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "planner/region_index.h"
 #include "storage/auth.h"
 #include "util/checked_math.h"
 #include "util/dtype_convert.h"
@@ -116,10 +117,16 @@ std::string region_name(const TensorInfo& t, size_t i) {
 }
 }  // namespace
 
-Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& want) {
+Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& want, const planner::RegionIndex* index) {
   std::vector<CheckedSpan> spans;
   const uint64_t es = dtype_size(t.dtype);
-  for (size_t ri = 0; ri < t.regions.size(); ++ri) {
+  // The regions to test: every one, or (with an index of this tensor's regions) the candidates
+  // the index finds, in the same ascending order; the tests below decide either way.
+  std::vector<size_t> candidates;
+  if (index) index->find(want, &candidates, /*by_box=*/true);
+  const size_t count = index ? candidates.size() : t.regions.size();
+  for (size_t c = 0; c < count; ++c) {
+    const size_t ri = index ? candidates[c] : c;
     const SavedRegion& reg = t.regions[ri];
     const Box& box = reg.shard.box;
     const auto hit = planner::intersect(want, box);

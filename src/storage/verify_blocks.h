@@ -15,6 +15,10 @@
 #include "storage/auth.h"
 #include "planner/box_math.h"
 
+namespace h5ckpt::planner {
+class RegionIndex;
+}
+
 namespace h5ckpt::storage {
 
 /// Target block size: small enough that widening a read to blocks costs little, large enough
@@ -91,8 +95,12 @@ struct CheckedSpan {
 };
 
 /// The spans of `t`'s regions that a read of `want` (global coordinates) touches, widened to
-/// whole blocks. Fails (kCorrupt) when a region's blocks do not fit it.
-Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& want);
+/// whole blocks, in region order. Fails (kCorrupt) when a region's blocks do not fit it. `index`
+/// (of `t`'s regions, see RegionLookup) finds the regions without testing each: a ZeRO-sharded
+/// tensor of a large job has hundreds, a load tests them for every box it reads. The result is
+/// the same with or without it.
+Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& want,
+                                               const planner::RegionIndex* index = nullptr);
 
 /// The boxes (global coordinates) whose row-major concatenation is the span's bytes.
 std::vector<Box> span_boxes(const TensorInfo& t, const CheckedSpan& span);

@@ -1,0 +1,56 @@
+// An allocator for the planner's large scratch arrays (millions of entries at 8,960 ranks):
+// arrays of 4 MiB and more are mapped with transparent huge pages requested (MADV_HUGEPAGE), so
+// touching them costs one fault per 2 MiB rather than one per 4 KiB page. On a VM each fault is a
+// trap to the host: 256 MiB of fresh 4 KiB pages took 1.1 s of CPU on the 2-core VM, with huge
+// pages 0.02 s (docs/performance.md). Smaller arrays, and systems where the advice is refused or
+// huge pages are off, get ordinary pages: only the cost changes.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <vector>
+
+namespace h5ckpt::planner {
+
+template <class T>
+struct BulkAllocator {
+  using value_type = T;
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kMinBulk = size_t{4} << 20;  // below this, malloc's pages are as good
+
+  BulkAllocator() = default;
+  template <class U>
+  BulkAllocator(const BulkAllocator<U>&) noexcept {}
+
+  T* allocate(size_t n) {
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kMinBulk) return static_cast<T*>(::operator new(bytes));
+    // Rounded up to whole huge pages: the kernel backs an aligned 2 MiB range with one page.
+    void* p = ::mmap(nullptr, mapped(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    (void)::madvise(p, mapped(bytes), MADV_HUGEPAGE);  // advice: refused or ignored is fine
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kMinBulk) ::operator delete(p);
+    else ::munmap(p, mapped(bytes));
+  }
+  template <class U>
+  bool operator==(const BulkAllocator<U>&) const noexcept {
+    return true;
+  }
+
+ private:
+  static size_t mapped(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+};
+
+/// A vector whose large buffers come from BulkAllocator.
+template <class T>
+using BulkVector = std::vector<T, BulkAllocator<T>>;
+
+}  // namespace h5ckpt::planner
