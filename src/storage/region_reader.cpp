@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "storage/posix_io.h"
 #include "storage/verify_blocks.h"
@@ -24,7 +26,36 @@ constexpr uint64_t kMaxGapForTinyRuns = 64u << 10;
 // Whole verification blocks read, checked and copied out at once: cache-sized, so the checksum
 // and the copy see the bytes while they are still in cache.
 constexpr uint64_t kVerifyChunkBytes = 4u << 20;
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
 }  // namespace
+
+// Landing buffers for chunks checked by a pool job: a job takes one while it holds the chunk's
+// bytes and gives it back when copied out, so at most one per queued job exists.
+struct RegionReader::Spares {
+  std::mutex mu;
+  std::vector<std::vector<char>> free;
+  std::vector<char> take(size_t n) {
+    std::vector<char> b;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!free.empty()) {
+        b = std::move(free.back());
+        free.pop_back();
+      }
+    }
+    b.resize(n);
+    return b;
+  }
+  void give(std::vector<char> b) {
+    std::lock_guard<std::mutex> lock(mu);
+    free.push_back(std::move(b));
+  }
+};
 
 Result<RegionReader> RegionReader::open(const std::string& data_file) {
   RegionReader r;
@@ -48,6 +79,9 @@ RegionReader::RegionReader(RegionReader&& o) noexcept
       verify_(o.verify_),
       widened_bytes_(o.widened_bytes_),
       verify_buf_(std::move(o.verify_buf_)),
+      sink_(std::move(o.sink_)),
+      check_ns_(o.check_ns_),
+      spares_(std::move(o.spares_)),
       size_(o.size_),
       bytes_read_(o.bytes_read_),
       path_(std::move(o.path_)),
@@ -139,11 +173,18 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
         });
       }
       in_place = in_place && !first && shift >= 0;
+      const size_t chunk_bytes = static_cast<size_t>(chunk.end - chunk.begin) * es;
+      const bool deferred = sink_.pool != nullptr;
+      std::shared_ptr<std::vector<char>> held;  // a deferred check's own landing buffer
       char* land = nullptr;
       if (in_place) {
         land = static_cast<char*>(dst) + shift * es;
+      } else if (deferred) {
+        if (!spares_) spares_ = std::make_shared<Spares>();
+        held = std::make_shared<std::vector<char>>(spares_->take(chunk_bytes));
+        land = held->data();
       } else {
-        verify_buf_.resize(static_cast<size_t>(chunk.end - chunk.begin) * es);
+        verify_buf_.resize(chunk_bytes);
         land = verify_buf_.data();
       }
       // The gaps between this region's rows are other regions' columns; when the wanted box
@@ -155,11 +196,28 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
                 want.offset[d] + want.shape[d] > rbox.offset[d] + rbox.shape[d];
       const int64_t before = delivered_;  // landing reads fill the chunk, not the destination
       for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land, exact));
-      H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
       delivered_ = before;
       for (const Box& piece : pieces)
         if (const auto p = planner::intersect(piece, want)) delivered_ += p->volume();
-      if (!in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
+      if (deferred) {  // checked (and copied out) by a pool job while the next chunk is read
+        const TensorInfo* tensor = &t;
+        std::atomic<uint64_t>* busy = sink_.busy_ns;
+        std::shared_ptr<Spares> spares = spares_;
+        sink_.pool->submit(sink_.group, [=]() mutable {
+          const uint64_t t0 = now_ns();
+          Status st = check_span(*tensor, chunk, land);
+          if (st.ok() && held) copy_span_out(*tensor, chunk, land, want, frame, dst_type, dst);
+          if (held) spares->give(std::move(*held));
+          if (busy) *busy += now_ns() - t0;
+          return st;
+        });
+        continue;
+      }
+      const uint64_t t0 = now_ns();
+      Status checked = check_span(t, chunk, land);
+      if (checked.ok() && !in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
+      check_ns_ += now_ns() - t0;
+      H5CKPT_RETURN_IF_ERROR(checked);
     }
   }
   return Status::Ok();
