@@ -782,8 +782,12 @@ Status execute_per_item(LoadRun& run) {
   // an item counts as read once its checks are done too. Not under a memory budget, whose
   // verification buffers are the reader's one chunk.
   std::optional<detail::WorkPool> checks;
-  if (run.options.verify && !budget && local.ok())
-    checks.emplace(detail::default_threads(run.copts.verify_threads, run.topo.node.size()));
+  if (run.options.verify && !budget && local.ok()) {
+    // One chunk in flight per checker plus the one being read: landing buffers stay few (they are
+    // still in cache when checked), and the readers stay at most that far ahead.
+    const int n = detail::default_threads(run.copts.verify_threads, run.topo.node.size());
+    checks.emplace(n, n + 1);
+  }
   auto worker = [&](storage::RegionReader* rdr, int index) {
     char* slots = any_streamed ? run.pool.base() + 2 * static_cast<uint64_t>(index) * slot_bytes : nullptr;
     PhaseScope scope("load", "read");  // a stuck read names its phase in the deadline report

@@ -26,6 +26,8 @@ constexpr uint64_t kMaxGapForTinyRuns = 64u << 10;
 // Whole verification blocks read, checked and copied out at once: cache-sized, so the checksum
 // and the copy see the bytes while they are still in cache.
 constexpr uint64_t kVerifyChunkBytes = 4u << 20;
+// A chunk read in place with deferred checks is read at once up to this size.
+constexpr uint64_t kInPlaceReadBytes = 64u << 20;
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -48,7 +50,7 @@ struct RegionReader::Spares {
         free.pop_back();
       }
     }
-    b.resize(n);
+    if (b.size() < n) b.resize(n);  // never shrunk: a reused buffer is not cleared again
     return b;
   }
   void give(std::vector<char> b) {
@@ -146,35 +148,46 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
       continue;
     }
     widened_bytes_ += span.widened;
-    // Through a cache-sized buffer, whole blocks at a time: read, check, copy out.
+    // Through a cache-sized buffer, whole blocks at a time: read, check, copy out. A chunk that
+    // lands in place with its checks deferred is read in one larger pread (as an unverified load
+    // reads: small preads cost read speed, not just syscalls) and checked in cache-sized parts.
     const RegionBlocks rb = region_blocks(t, t.regions[span.region]);
     const int64_t be = static_cast<int64_t>(rb.block_bytes / es);
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kVerifyChunkBytes / rb.block_bytes)) * be;
-    for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
-      const CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
-      const planner::Frame f = span_frame(t, chunk);
-      const std::vector<Box> pieces = span_boxes(t, chunk);
-      // When the whole chunk is wanted and is a plain shift of `dst` in the stored dtype (a load
-      // in the saving layout), it is read in place and checked there: no extra copy.
+    const bool deferred = sink_.pool != nullptr;
+    const int64_t big_step =
+        deferred ? std::max<int64_t>(1, static_cast<int64_t>(kInPlaceReadBytes / rb.block_bytes)) * be : step;
+    // When the whole chunk is wanted and is a plain shift of `dst` in the stored dtype (a load in
+    // the saving layout), it is read in place and checked there: no extra copy. *shift: where.
+    auto lands_in_place = [&](const std::vector<Box>& pieces, const planner::Frame& f, int64_t* shift) {
       bool in_place = t.dtype == dst_type;
-      int64_t shift = 0;
       bool first = true;
       for (const Box& piece : pieces) {
         if (!in_place) break;
         const auto p = planner::intersect(piece, want);
-        if (!p || p->shape != piece.shape) {
-          in_place = false;
-          break;
-        }
+        if (!p || p->shape != piece.shape) return false;
         planner::for_each_run(piece, f, frame, [&](int64_t si, int64_t di, int64_t) {
-          if (first) shift = di - si;
-          in_place = in_place && di - si == shift;
+          if (first) *shift = di - si;
+          in_place = in_place && di - si == *shift;
           first = false;
         });
       }
-      in_place = in_place && !first && shift >= 0;
+      return in_place && !first && *shift >= 0;
+    };
+    for (int64_t c0 = span.begin; c0 < span.end;) {
+      CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + big_step), true, 0};
+      planner::Frame f = span_frame(t, chunk);
+      std::vector<Box> pieces = span_boxes(t, chunk);
+      int64_t shift = 0;
+      bool in_place = lands_in_place(pieces, f, &shift);
+      if (!in_place && chunk.end - chunk.begin > step) {  // through a landing buffer: cache-sized
+        chunk.end = std::min(span.end, c0 + step);
+        f = span_frame(t, chunk);
+        pieces = span_boxes(t, chunk);
+        in_place = lands_in_place(pieces, f, &shift);
+      }
+      c0 = chunk.end;
       const size_t chunk_bytes = static_cast<size_t>(chunk.end - chunk.begin) * es;
-      const bool deferred = sink_.pool != nullptr;
       std::shared_ptr<std::vector<char>> held;  // a deferred check's own landing buffer
       char* land = nullptr;
       if (in_place) {
@@ -199,18 +212,22 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
       delivered_ = before;
       for (const Box& piece : pieces)
         if (const auto p = planner::intersect(piece, want)) delivered_ += p->volume();
-      if (deferred) {  // checked (and copied out) by a pool job while the next chunk is read
+      if (deferred) {  // checked (and copied out) by pool jobs while the next chunk is read
         const TensorInfo* tensor = &t;
         std::atomic<uint64_t>* busy = sink_.busy_ns;
         std::shared_ptr<Spares> spares = spares_;
-        sink_.pool->submit(sink_.group, [=]() mutable {
-          const uint64_t t0 = now_ns();
-          Status st = check_span(*tensor, chunk, land);
-          if (st.ok() && held) copy_span_out(*tensor, chunk, land, want, frame, dst_type, dst);
-          if (held) spares->give(std::move(*held));
-          if (busy) *busy += now_ns() - t0;
-          return st;
-        });
+        for (int64_t p0 = chunk.begin; p0 < chunk.end; p0 += step) {  // one job per cache-sized part
+          const CheckedSpan part{chunk.region, p0, std::min(chunk.end, p0 + step), true, 0};
+          const char* bytes = land + (p0 - chunk.begin) * static_cast<int64_t>(es);
+          sink_.pool->submit(sink_.group, [=]() mutable {
+            const uint64_t t0 = now_ns();
+            Status st = check_span(*tensor, part, bytes);
+            if (st.ok() && held) copy_span_out(*tensor, part, bytes, want, frame, dst_type, dst);
+            if (held) spares->give(std::move(*held));
+            if (busy) *busy += now_ns() - t0;
+            return st;
+          });
+        }
         continue;
       }
       const uint64_t t0 = now_ns();
