@@ -36,3 +36,11 @@ h5ckpt_add_mpi_test(test_direct_io LABELS core RANKS 1 2 3 4 TIMEOUT 300)
 h5ckpt_mpi_test_binary(test_aggregated_read test_aggregated_read.cpp)
 target_link_libraries(test_aggregated_read PRIVATE h5ckpt_test_support)
 h5ckpt_add_mpi_test(test_aggregated_read LABELS load RANKS 1 2 3 4 8 TIMEOUT 300)
+
+# Helper threads: pooled block checks of a load (verify_threads) and the parallel snapshot copy
+# (snapshot_threads), element by element, with a flipped byte in chosen blocks.
+h5ckpt_mpi_test_binary(test_helper_threads test_helper_threads.cpp)
+target_link_libraries(test_helper_threads PRIVATE h5ckpt_test_support)
+target_include_directories(test_helper_threads PRIVATE ${XXHASH_INCLUDE_DIR})
+target_link_libraries(test_helper_threads PRIVATE ${XXHASH_LIBRARY})
+h5ckpt_add_mpi_test(test_helper_threads LABELS load RANKS 1 2 4 TIMEOUT 300)

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_support.h"
@@ -323,6 +325,12 @@ int main(int argc, char** argv) {
   int node_rank = 0, node_size = 1, node_id = 0;
   MPI_Comm_rank(node, &node_rank);
   MPI_Comm_size(node, &node_size);
+  // The multi-threaded copy floor uses as many threads as the snapshot would (snapshot_threads,
+  // or the node's hardware threads shared by its ranks, at most 8).
+  const int copy_threads =
+      copts.snapshot_threads > 0
+          ? copts.snapshot_threads
+          : std::min(8, std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / node_size));
   {
     int leader = node_rank == 0 ? g_rank : 0;
     MPI_Bcast(&leader, 1, MPI_INT, 0, node);
@@ -356,6 +364,9 @@ int main(int argc, char** argv) {
     if (g_rank == 0) fs::remove_all(p);
     MPI_Barrier(MPI_COMM_WORLD);
   };
+  // Per rank, per load sample: {plan, read, verify, exchange, total} seconds (LoadReport).
+  std::map<std::string, std::vector<std::array<double, 5>>> phases;
+  int verify_threads = 0;
   for (int rep = 0; rep < repeats; ++rep) {
     // --- write floors --------------------------------------------------------------------
     if (!no_prewarm) prewarm(raw);
@@ -397,6 +408,21 @@ int main(int argc, char** argv) {
       prewarm(copy);
     }
     t["memcpy_s"].push_back(timed([&] { std::memcpy(copy.data(), raw.data(), my_bytes); }));
+    // The same bytes copied by copy_threads threads, each one contiguous slice (threads started
+    // inside the timing, as a snapshot's copiers are woken inside its blocking time).
+    if (!no_prewarm) {
+      prewarm(raw);
+      prewarm(copy);
+    }
+    t["memcpy_parallel_s"].push_back(timed([&] {
+      std::vector<std::thread> copiers;
+      const uint64_t per = (my_bytes + copy_threads - 1) / copy_threads;
+      for (int i = 0; i < copy_threads; ++i) {
+        const uint64_t b = std::min<uint64_t>(my_bytes, per * i), e = std::min<uint64_t>(my_bytes, b + per);
+        copiers.emplace_back([&, b, e] { std::memcpy(copy.data() + b, raw.data() + b, e - b); });
+      }
+      for (auto& c : copiers) c.join();
+    }));
 
     // --- h5ckpt saves ---------------------------------------------------------------------
     const std::string sync_path = dir + "/sync-" + std::to_string(rep);
@@ -486,11 +512,15 @@ int main(int argc, char** argv) {
       t["load_plan_s"].push_back(max_all(lr.plan_s));
       t["load_read_s"].push_back(max_all(lr.read_s));
       t["load_exchange_s"].push_back(max_all(lr.exchange_s));
+      t["load_verify_s"].push_back(max_all(lr.verify_s));
+      verify_threads = lr.verify_threads;
+      phases["verified"].push_back({lr.plan_s, lr.read_s, lr.verify_s, lr.exchange_s, lr.total_s});
       // The same load without checking the verification blocks (LoadOptions::verify = false).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
-      t["load_unverified_s"].push_back(
-          timed([&] { read_bytes = check(ck.load(same_sd, sync_path, unverified), "load").bytes_read; }));
+      t["load_unverified_s"].push_back(timed([&] { lr = check(ck.load(same_sd, sync_path, unverified), "load"); }));
+      read_bytes = lr.bytes_read;
+      phases["unverified"].push_back({lr.plan_s, lr.read_s, lr.verify_s, lr.exchange_s, lr.total_s});
       t["load_unverified_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
@@ -562,9 +592,36 @@ int main(int argc, char** argv) {
     mem_max[phase] = {max_all(mem[phase].first), max_all(mem[phase].second)};
   }
 
+  // Where each rank's load time goes: the median of every phase over the samples, per rank.
+  std::map<std::string, std::vector<double>> phase_table;  // rank 0: kind -> ranks x 5
+  for (const char* kind : {"verified", "unverified"}) {
+    std::array<double, 5> mine{};
+    for (size_t f = 0; f < mine.size(); ++f) {
+      std::vector<double> v;
+      for (const auto& sample : phases[kind]) v.push_back(sample[f]);
+      mine[f] = median(v);
+    }
+    std::vector<double> all(g_rank == 0 ? 5 * static_cast<size_t>(g_size) : 0);
+    MPI_Gather(mine.data(), 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    phase_table[kind] = std::move(all);
+  }
+
   if (g_rank == 0) {
+    for (const auto& [kind, all] : phase_table) {
+      json ranks = json::array();
+      for (int r = 0; r < g_size; ++r) {
+        const double* p = &all[5 * static_cast<size_t>(r)];
+        ranks.push_back({{"rank", r}, {"plan_s", p[0]}, {"read_s", p[1]}, {"verify_busy_s", p[2]},
+                         {"exchange_s", p[3]}, {"total_s", p[4]}});
+      }
+      // plan: metadata, opening the data file and the plan; read: reads, with the block checks
+      // and copies out of landing buffers running beside them (verify_busy_s: their summed busy
+      // time, hidden inside read_s when verify_threads > 0); exchange: waiting for transfers.
+      std::printf("%s\n", json{{"scenario", "load_phases"}, {"load", kind}, {"verify_threads", verify_threads},
+                                {"per_rank", ranks}}.dump().c_str());
+    }
     const std::vector<std::string> order = {
-        "raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s",        "sync_save_s",
+        "raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s", "memcpy_parallel_s", "sync_save_s",
         "async_block_s",    "async_total_s",      "raw_read_rank_s",    "raw_read_ckpt_s", "load_s",
         "load_no_zr_s",     "load_aggregated_s",  "reshard_load_s", "load_unverified_s", "reshard_load_unverified_s"};
     std::vector<std::string> printed = order;
@@ -599,7 +656,9 @@ int main(int argc, char** argv) {
     s["reshard_bytes_read"] = m("reshard_bytes_read");
     s["load_no_zr_bytes_read"] = m("load_no_zr_bytes_read");
     s["load_aggregated_bytes_read"] = m("load_aggregated_bytes_read");
-    for (const char* k : {"load_plan_s", "load_read_s", "load_exchange_s"}) s[k] = m(k);
+    for (const char* k : {"load_plan_s", "load_read_s", "load_exchange_s", "load_verify_s"}) s[k] = m(k);
+    s["verify_threads"] = verify_threads;
+    s["memcpy_threads"] = copy_threads;
     s["zr_read_bytes_saved"] = 1.0 - m("load_bytes_read") / m("load_no_zr_bytes_read");
     s["peak_rss_mib"] = rss_mib;
     // Memory per phase (issue target: overhead <= memory_budget_mib + 64 in every phase when a
@@ -613,6 +672,7 @@ int main(int argc, char** argv) {
     }
     s["sync_save_over_raw_write"] = m("sync_save_s") / raw_write;
     s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
+    s["async_block_over_memcpy_parallel"] = m("async_block_s") / m("memcpy_parallel_s");
     s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");
     s["load_over_raw_read"] = m("load_s") / raw_read;
     s["load_aggregated_over_raw_read"] = m("load_aggregated_s") / raw_read;

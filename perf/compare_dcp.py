@@ -3,18 +3,22 @@
 
     mpirun -np 4 /usr/bin/python3 perf/compare_dcp.py --dir /tmp/dcp-bench --mib 1024
 
-The same model state on the same ranks and storage: `--tensors` float32 matrices, `--mib` MiB in all,
-each a ShardedTensor chunked by rows over the ranks (torch 1.13's DCP saves the shards of
-ShardedTensors from every rank; plain tensors only from the coordinator). h5ckpt gets the very same
-local shard memory (`ShardSpec.box_of` from the shard metadata). Timed, each as the slowest rank:
+The same model state on the same ranks and storage: `--tensors` float32 matrices, `--mib` MiB in all.
+With torch 2.x each is a DTensor on a (tp, dp) DeviceMesh (`--tp`, default 2 when the ranks are
+even), its columns sharded over tp and its rows over dp, saved and loaded with
+torch.distributed.checkpoint.save / load (and async_save where it exists). With torch 1.13 (no
+DTensor checkpointing) each is a ShardedTensor chunked by rows over the ranks (1.13's DCP saves the
+shards of ShardedTensors from every rank; plain tensors only from the coordinator). h5ckpt gets the
+very same local shard memory (`ShardSpec.box_of` of each rank's box). Timed, each as the slowest rank:
 
   floor write   every rank writes its bytes with one write() + fsync into its own file
   floor read    and reads them back with one read() (page cache dropped first, when root)
   save          DCP save_state_dict(FileSystemWriter, fsync)  |  h5ckpt Checkpointer.save (fsync)
                 (and h5ckpt save_async: the blocking part, then the wait)
   load          same layout: DCP load_state_dict into the same ChunkShardingSpec  |  h5ckpt load
-  load other    another layout: every tensor chunked by columns instead of rows, so each rank's
-                part overlaps every saved part (resharding), with the bytes the ranks read
+  load other    another layout (torch 1.13: chunked by columns instead of rows; torch 2.x: the two
+                mesh dimensions' placements swapped), so each rank's part overlaps several saved
+                parts (resharding), with the bytes the ranks read
                 (the kernel's rchar counter of every rank, summed); h5ckpt also with two-phase
                 reads (LoadOptions.aggregate_reads)
 
@@ -73,12 +77,121 @@ def import_dcp_on_python_311():
     return sharded_tensor, ChunkShardingSpec, dcp
 
 
+def dtensor_api():
+    """torch 2.x: (init_device_mesh, DTensor, Shard, dcp) when DTensor and dcp.save/load exist;
+    None on torch 1.x, which takes the ShardedTensor path."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        try:
+            from torch.distributed.tensor import DTensor, Shard
+        except ImportError:  # torch 2.0-2.3
+            from torch.distributed._tensor import DTensor, Shard
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        return None
+    if not (hasattr(dcp, "save") and hasattr(dcp, "load")):
+        return None
+    return init_device_mesh, DTensor, Shard, dcp
+
+
+class ShardedTensorLayouts:
+    """torch 1.13: ShardedTensors chunked by rows ("save") or by columns ("other") over the ranks."""
+
+    def __init__(self, shape):
+        self.sharded_tensor, ChunkShardingSpec, self.dcp = import_dcp_on_python_311()
+        placements = [f"rank:{r}/cpu" for r in range(N)]
+        self.specs = {"save": ChunkShardingSpec(dim=0, placements=placements),
+                      "other": ChunkShardingSpec(dim=1, placements=placements)}
+        self.shape = shape
+        self.name = "ShardedTensor rows/columns"
+
+    def make(self, which, names):
+        return {k: self.sharded_tensor.empty(self.specs[which], *self.shape) for k in names}
+
+    def local(self, st):
+        shard = st.local_shards()[0]
+        return shard.tensor, h5ckpt.ShardSpec.box_of(list(shard.metadata.shard_offsets),
+                                                     list(shard.metadata.shard_sizes))
+
+    def save(self, state, path, single_file_per_rank):
+        writer = self.dcp.FileSystemWriter(path, single_file_per_rank=single_file_per_rank, sync_files=True)
+        self.dcp.save_state_dict(state, writer)
+
+    def load(self, state, path):
+        self.dcp.load_state_dict(state, self.dcp.FileSystemReader(path))
+
+    async_save = None
+
+
+class DTensorLayouts:
+    """torch 2.x: DTensors on a (tp, dp) mesh; "save" shards columns over tp and rows over dp (a
+    column-parallel weight under data-parallel sharding), "other" swaps the two."""
+
+    def __init__(self, shape, tp, api):
+        init_device_mesh, self.DTensor, Shard, self.dcp = api
+        if N % tp:
+            raise SystemExit(f"--tp {tp} does not divide {N} ranks")
+        self.tp, self.dp = tp, N // tp
+        self.mesh = init_device_mesh("cpu", (self.tp, self.dp), mesh_dim_names=("tp", "dp"))
+        self.coord = list(self.mesh.get_coordinate())
+        self.placements = {"save": [Shard(1), Shard(0)], "other": [Shard(0), Shard(1)]}
+        self.shape = shape
+        self.name = f"DTensor (tp {self.tp}, dp {self.dp}) mesh"
+        self.locals = {}  # id(DTensor) -> (local tensor, box)
+        if hasattr(self.dcp, "async_save"):
+            self.async_save = self._async_save
+
+    def box(self, which):
+        """This rank's box: each tensor dim sharded by the mesh dim whose placement names it, in
+        torch.chunk's way (ceil-sized chunks, the last ones shorter or empty)."""
+        off, size = [0, 0], list(self.shape)
+        for mesh_dim, p in enumerate(self.placements[which]):
+            d, k, c = p.dim, self.mesh.size(mesh_dim), self.coord[mesh_dim]
+            n = self.shape[d]
+            cs = -(-n // k)
+            off[d] = min(n, c * cs)
+            size[d] = max(0, min(n, off[d] + cs) - off[d])
+        return off, size
+
+    def make(self, which, names):
+        off, size = self.box(which)
+        out = {}
+        for k in names:
+            t = torch.empty(size, dtype=torch.float32)
+            try:
+                dt = self.DTensor.from_local(t, self.mesh, self.placements[which], run_check=False,
+                                             shape=torch.Size(self.shape), stride=(self.shape[1], 1))
+            except TypeError:  # from_local without shape/stride (even splits only)
+                dt = self.DTensor.from_local(t, self.mesh, self.placements[which], run_check=False)
+            self.locals[id(dt)] = (dt.to_local(), h5ckpt.ShardSpec.box_of(off, size))
+            out[k] = dt
+        return out
+
+    def local(self, dt):
+        return self.locals[id(dt)]
+
+    def save(self, state, path, single_file_per_rank):
+        writer = self.dcp.FileSystemWriter(path, single_file_per_rank=single_file_per_rank, sync_files=True)
+        self.dcp.save(state, storage_writer=writer)
+
+    def _async_save(self, state, path, single_file_per_rank):
+        writer = self.dcp.FileSystemWriter(path, single_file_per_rank=single_file_per_rank, sync_files=True)
+        return self.dcp.async_save(state, storage_writer=writer)
+
+    def load(self, state, path):
+        self.dcp.load(state, storage_reader=self.dcp.FileSystemReader(path))
+
+
 def args_():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", required=True, help="directory on the storage to measure (emptied first)")
     ap.add_argument("--mib", type=int, default=1024, help="state size in MiB (all ranks)")
     ap.add_argument("--tensors", type=int, default=8)
     ap.add_argument("--single-file-per-rank", action="store_true", help="DCP FileSystemWriter option")
+    ap.add_argument("--tp", type=int, default=0,
+                    help="torch 2.x: tp size of the (tp, dp) mesh (default: 2 when the ranks are even, else 1)")
+    ap.add_argument("--sharded-tensor", action="store_true",
+                    help="use torch 1.13's ShardedTensor path even where DTensor exists")
     return ap.parse_args()
 
 
@@ -114,7 +227,6 @@ def timed(fn):
 def main():
     a = args_()
     torch.set_num_threads(1)
-    sharded_tensor, ChunkShardingSpec, dcp = import_dcp_on_python_311()
 
     if R == 0:
         shutil.rmtree(a.dir, ignore_errors=True)
@@ -133,15 +245,18 @@ def main():
     rows = max(N, per_tensor // cols // N * N)
     shape = [rows, cols]
     total = a.tensors * rows * cols * 4
-    placements = [f"rank:{r}/cpu" for r in range(N)]
-    by_rows, by_cols = ChunkShardingSpec(dim=0, placements=placements), ChunkShardingSpec(dim=1, placements=placements)
+    api = None if a.sharded_tensor else dtensor_api()
+    if api:
+        layouts = DTensorLayouts(shape, a.tp or (2 if N % 2 == 0 else 1), api)
+    else:
+        layouts = ShardedTensorLayouts(shape)
+    names = [f"layer{i}.weight" for i in range(a.tensors)]
+    by_rows, by_cols = "save", "other"
 
-    def make(spec):
-        return {f"layer{i}.weight": sharded_tensor.empty(spec, *shape) for i in range(a.tensors)}
+    def make(which):
+        return layouts.make(which, names)
 
-    def local(st):
-        shard = st.local_shards()[0]
-        return shard.tensor, h5ckpt.ShardSpec.box_of(list(shard.metadata.shard_offsets), list(shard.metadata.shard_sizes))
+    local = layouts.local
 
     def expected(i, spec):  # the saved value of tensor i over a box: a formula of row and column
         r0, c0 = spec.box.offset
@@ -201,7 +316,7 @@ def main():
         os.close(fd)
 
     res = {"ranks": N, "tensors": a.tensors, "shape": shape, "bytes": total, "machine": socket.gethostname(),
-           "torch": torch.__version__, "h5ckpt": h5ckpt.version()}
+           "torch": torch.__version__, "h5ckpt": h5ckpt.version(), "layout": layouts.name}
     back.fill(0)
     res["floor_write_s"], _ = timed(floor_write)
     cold = drop_caches()
@@ -213,12 +328,17 @@ def main():
 
     # ---- DCP ----
     dcp_dir = os.path.join(a.dir, "dcp")
-    writer = dcp.FileSystemWriter(dcp_dir, single_file_per_rank=a.single_file_per_rank, sync_files=True)
-    res["dcp_save_s"], _ = timed(lambda: dcp.save_state_dict(state, writer))
+    res["dcp_save_s"], _ = timed(lambda: layouts.save(state, dcp_dir, a.single_file_per_rank))
+    if layouts.async_save:  # torch 2.x: the blocking part of DCP's async_save, then the wait
+        t_block, fut = timed(lambda: layouts.async_save(state, os.path.join(a.dir, "dcp-async"),
+                                                        a.single_file_per_rank))
+        t_wait, _ = timed(fut.result)
+        res["dcp_save_async_blocking_s"] = t_block
+        res["dcp_save_async_total_s"] = t_block + t_wait
 
     def load_dcp(target):
         r0 = rchar()
-        dcp.load_state_dict(target, dcp.FileSystemReader(dcp_dir))
+        layouts.load(target, dcp_dir)
         r1 = rchar()
         return r1[0] - r0[0], r1[1] - r0[1]
 
@@ -284,6 +404,9 @@ def main():
 
     fw, fr = res["floor_write_s"], res["floor_read_s"]
     res["ratios"] = {
+        "h5ckpt_save_over_dcp_save": res["h5ckpt_save_s"] / res["dcp_save_s"],
+        "h5ckpt_load_over_dcp_load": res["h5ckpt_load_s"] / res["dcp_load_s"],
+        "h5ckpt_load_other_over_dcp_load_other": res["h5ckpt_load_other_s"] / res["dcp_load_other_s"],
         "dcp_save": res["dcp_save_s"] / fw,
         "h5ckpt_save": res["h5ckpt_save_s"] / fw,
         "h5ckpt_save_async_blocking": res["h5ckpt_save_async_blocking_s"] / fw,
@@ -296,6 +419,9 @@ def main():
         "h5ckpt_load_other_bytes": res["h5ckpt_load_other_bytes_read"] / total,
         "h5ckpt_load_other_aggregated_bytes": res["h5ckpt_load_other_aggregated_bytes_read"] / total,
     }
+    if "dcp_save_async_blocking_s" in res:
+        res["ratios"]["h5ckpt_async_blocking_over_dcp_async_blocking"] = \
+            res["h5ckpt_save_async_blocking_s"] / res["dcp_save_async_blocking_s"]
     dist.barrier()
     dist.destroy_process_group()
     if R == 0:

@@ -118,6 +118,14 @@ struct CheckpointerOptions {
   std::map<std::string, std::string> mpi_hints;
   /// Threads reading from storage during a load (each with its own file handle).
   int io_threads = 1;
+  /// Threads checking a load's verification blocks while the next bytes are read (each chunk of
+  /// about 4 MiB is one job, so they also run side by side). 0: the hardware threads divided by
+  /// the ranks on this node, at least 1. Loads under memory_bytes check on the reading thread.
+  int verify_threads = 0;
+  /// Threads copying save_async's host snapshot into the staging pool (slices of at least
+  /// 1 MiB, several pieces at once). 0: the hardware threads divided by the ranks on this node,
+  /// at most 8; 1: one copy at a time on the calling thread.
+  int snapshot_threads = 0;
   /// Deadline in seconds of every wait of a save or load for other ranks (agreements, broadcasts,
   /// gathers, transfers, the async writer's phases, NCCL set-up). When it passes, every rank still
   /// alive logs the operation, phase and the ranks that did not arrive, and calls MPI_Abort, so the
@@ -198,6 +206,11 @@ struct LoadReport {
   double plan_s = 0;                      ///< metadata, validation and the load plan
   double read_s = 0;                      ///< storage reads
   double exchange_s = 0;                  ///< waiting for transfers after the reads
+  /// Seconds spent checking verification blocks (and copying checked bytes out of landing
+  /// buffers), summed over the threads that did it; with verify_threads they run beside the
+  /// reads, so this is work hidden inside read_s rather than added to it.
+  double verify_s = 0;
+  int verify_threads = 0;                 ///< threads that checked blocks beside the reads (0: inline)
   double total_s = 0;
   bool plan_cached = false;
   std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"

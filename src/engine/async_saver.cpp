@@ -10,12 +10,16 @@
 #include "storage/commit.h"
 #include "util/phase.h"
 #include "util/stream_copy.h"
+#include "util/work_pool.h"
 
 namespace h5ckpt::engine {
 
 using metrics::now_s;
 
 namespace {
+
+// A snapshot slice smaller than this is not worth a thread's hand-off.
+constexpr uint64_t kMinSliceBytes = 1ull << 20;
 
 // Pieces handed over from the snapshot (producer) to the writer (consumer).
 class StagedSource : public WriteSource {
@@ -89,6 +93,14 @@ AsyncSaver::AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& op
     : topo_(topo), options_(options), pool_(pool) {}
 
 AsyncSaver::~AsyncSaver() { finish_pending(); }
+
+int AsyncSaver::snapshot_threads() const {
+  // Automatic: the node's hardware threads shared by its ranks, at most kMaxAutoCopiers (a few
+  // threads saturate a socket's memory bandwidth; more only contend).
+  constexpr int kMaxAutoCopiers = 8;
+  const int n = detail::default_threads(options_.snapshot_threads, topo_.node.size());
+  return options_.snapshot_threads > 0 ? n : std::min(n, kMaxAutoCopiers);
+}
 
 Status AsyncSaver::ensure_io_comms() {
   if (io_comms_) return Status::Ok();
@@ -202,6 +214,29 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   const double t_snap = now_s();
   uint64_t blocked = 0;
   device::Staging& dev = device::staging();
+  // Host pieces are copied by several threads (slices of whole pieces, several pieces at once) and
+  // device pieces by queued D2H copies with one wait for all of them. Either way a piece reaches
+  // the writer only once its bytes are in the pool, and pieces reach it in acquire order (the
+  // pool releases blocks in that order): `pending` holds them until the copies are done.
+  const int copiers = staged ? snapshot_threads() : 1;
+  if (copiers > 1 && (!copy_pool_ || copy_pool_->threads() != copiers))
+    copy_pool_ = std::make_unique<detail::WorkPool>(copiers, 4 * copiers);
+  std::vector<SourcedWrite> pending;
+  std::shared_ptr<detail::WorkPool::Group> copies;  // host copies in flight
+  bool device_copies = false;                       // D2H copies in flight
+  auto flush = [&] {
+    if (copies) {
+      copy_pool_->seal(copies);
+      (void)copy_pool_->wait(copies);  // a copy cannot fail
+      copies.reset();
+    }
+    if (device_copies) {
+      if (Status done = dev.synchronize(); !done.ok()) source->fail(done.with_context("staging device pieces"));
+      device_copies = false;
+    }
+    for (const SourcedWrite& p : pending) source->push(p);
+    pending.clear();
+  };
   for (const planner::WriteItem& w : *my_writes) {
     const StateItem& item = state.items()[w.item];
     const char* from = static_cast<const char*>(item.data) + w.src_offset;
@@ -209,21 +244,38 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     SourcedWrite out{&w, from, false};
     if (w.bytes && staged) {
       bool waited = false;
-      char* dst = pool_.acquire(w.bytes, &waited);
-      if (!on_device) {
-        detail::stream_copy(dst, from, w.bytes);
-      } else {  // device to pinned pool; the writer may only see it once the copy is done
+      char* dst = pool_.try_acquire(w.bytes);
+      if (!dst) {  // the pool is full: hand the writer what is copied, then wait for room
+        flush();
+        dst = pool_.acquire(w.bytes, &waited);
+      }
+      if (on_device) {  // device to pinned pool; the writer may only see it once the copy is done
         Status copied = dev.copy_to_host(dst, from, w.bytes);
-        if (copied.ok()) copied = dev.synchronize();
         if (!copied.ok()) source->fail(copied.with_context("staging a device piece"));
+        device_copies = device_copies || copied.ok();
+      } else if (copiers > 1) {
+        if (!copies) copies = copy_pool_->group();
+        // Slices of at least kMinSliceBytes, about one per copier for a large piece.
+        const uint64_t slice = std::max<uint64_t>(kMinSliceBytes, (w.bytes / copiers + 4095) / 4096 * 4096);
+        for (uint64_t at = 0; at < w.bytes; at += slice) {
+          const uint64_t n = std::min(slice, w.bytes - at);
+          copy_pool_->submit(copies, [d = dst + at, f = from + at, n] {
+            detail::stream_copy(d, f, n);
+            return Status::Ok();
+          });
+        }
+      } else {
+        detail::stream_copy(dst, from, w.bytes);
       }
       if (waited) blocked += w.bytes;
       out.data = dst;
     } else if (on_device && w.bytes) {
       source->fail(Status(ErrorCode::kIo, "no host staging memory for device buffers"));
     }
-    source->push(out);
+    pending.push_back(out);
+    if (!copies && !device_copies) flush();  // nothing in flight: the writer may take it now
   }
+  flush();
   {
     std::lock_guard<std::mutex> lock(st->mu);  // before close(): the writer cannot finish earlier
     st->snapshot_s = now_s() - t_snap;

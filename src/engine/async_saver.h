@@ -13,6 +13,7 @@
 #include "h5ckpt/checkpointer.h"  // SaveHandle::State is defined here
 #include "engine/level.h"
 #include "engine/staging_pool.h"
+#include "util/work_pool.h"
 
 namespace h5ckpt {
 
@@ -44,12 +45,15 @@ class AsyncSaver {
 
  private:
   Status ensure_io_comms();
+  /// Threads of the host snapshot copy (CheckpointerOptions::snapshot_threads resolved).
+  int snapshot_threads() const;
   const Topology::Impl& topo_;
   CheckpointerOptions options_;
   std::unique_ptr<Topology::Impl> io_comms_;  // duplicates used only by the I/O thread
   StagingPool& pool_;
   std::thread worker_;
   std::shared_ptr<SaveHandle::State> pending_;
+  std::unique_ptr<detail::WorkPool> copy_pool_;  // the snapshot's copiers, kept between saves
 };
 
 }  // namespace engine

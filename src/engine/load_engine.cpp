@@ -30,6 +30,7 @@
 #include "util/checked_math.h"
 #include "util/dtype_convert.h"
 #include "util/phase.h"
+#include "util/work_pool.h"
 
 namespace h5ckpt::engine {
 
@@ -630,6 +631,8 @@ Status execute_aggregated(LoadRun& run) {
   for (Unit& u : units) u.buf = scratch + reinterpret_cast<uintptr_t>(u.buf);
 
   size_t first = 0;
+  std::optional<detail::WorkPool> checks;  // made for the first round with checked spans
+  std::atomic<uint64_t> check_ns{0};
   for (int k = 0; k < rounds; ++k) {
     const size_t last = k < static_cast<int>(round_end.size()) ? round_end[k] : first;
     std::vector<ReadPiece> pieces;
@@ -659,17 +662,32 @@ Status execute_aggregated(LoadRun& run) {
       if (unit.convert && !detail::convert_elements(unit.buf, unit.tensor->dtype, it.data, it.dtype, it.shard.numel()))
         local = Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': cannot convert its stored dtype");
     }
-    for (size_t u = first; u < last && local.ok(); ++u) {
-      const Unit& unit = units[u];
-      if (unit.convert) continue;
-      StateItem& it = run.state.items()[unit.item];
-      local = storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
-      if (local.ok())
-        storage::copy_span_out(*unit.tensor, unit.span, unit.buf, unit.want, planner::frame_of(it.shard), it.dtype,
-                               it.data);
+    // The round's checked spans, each checked and copied out as one job (in parallel: with an
+    // authentication key each block's MAC is CPU-bound).
+    if (local.ok() && first < last) {
+      if (!checks) checks.emplace(detail::default_threads(run.copts.verify_threads, run.topo.node.size()));
+      auto group = checks->group();
+      for (size_t u = first; u < last; ++u) {
+        const Unit& unit = units[u];
+        if (unit.convert) continue;
+        StateItem& it = run.state.items()[unit.item];
+        checks->submit(group, [&unit, &it, &check_ns] {
+          const double t0 = now_s();
+          Status st = storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
+          if (st.ok())
+            storage::copy_span_out(*unit.tensor, unit.span, unit.buf, unit.want, planner::frame_of(it.shard), it.dtype,
+                                   it.data);
+          check_ns += static_cast<uint64_t>((now_s() - t0) * 1e9);
+          return st;
+        });
+      }
+      checks->seal(group);
+      local = checks->wait(group);
     }
     first = last;
   }
+  run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
+  run.report.verify_threads = checks ? checks->threads() : 0;
   run.report.read_s = now_s() - run.t0 - run.report.plan_s;
   return comm::agree(local, run.world()).with_context(run.where);
 }
@@ -752,7 +770,24 @@ Status execute_per_item(LoadRun& run) {
   std::condition_variable cv;
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> extra_bytes{0};
+  std::atomic<uint64_t> check_ns{0};
   device::Staging& staging = device::staging();
+  auto report_item = [&](size_t n, const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    read_status[n] = s.ok() ? s : s.with_context("key '" + item_of(plan[reads[n]]).key + "'");
+    read_done[n] = 1;
+    cv.notify_all();
+  };
+  // Block checks run on a pool while the readers read on (storage::RegionReader::defer_checks):
+  // an item counts as read once its checks are done too. Not under a memory budget, whose
+  // verification buffers are the reader's one chunk.
+  std::optional<detail::WorkPool> checks;
+  if (run.options.verify && !budget && local.ok()) {
+    // One chunk in flight per checker plus the one being read: landing buffers stay few (they are
+    // still in cache when checked), and the readers stay at most that far ahead.
+    const int n = detail::default_threads(run.copts.verify_threads, run.topo.node.size());
+    checks.emplace(n, n + 1);
+  }
   auto worker = [&](storage::RegionReader* rdr, int index) {
     char* slots = any_streamed ? run.pool.base() + 2 * static_cast<uint64_t>(index) * slot_bytes : nullptr;
     PhaseScope scope("load", "read");  // a stuck read names its phase in the deadline report
@@ -770,13 +805,20 @@ Status execute_per_item(LoadRun& run) {
     }
     for (size_t n; (n = next.fetch_add(1)) < reads.size();) {
       const ReadItem& r = plan[reads[n]];
-      Status s = !rdr          ? open_st
-                 : streamed(r) ? stream_to_device(info, *rdr, item_of(r), r, slots, slot_bytes, staging)
-                               : read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]);
-      std::lock_guard<std::mutex> lock(mu);
-      read_status[n] = s.ok() ? s : s.with_context("key '" + item_of(r).key + "'");
-      read_done[n] = 1;
-      cv.notify_all();
+      if (!rdr || streamed(r) || !checks) {  // checked on this thread (streamed: before its slot is reused)
+        if (rdr) rdr->defer_checks({});
+        report_item(n, !rdr          ? open_st
+                       : streamed(r) ? stream_to_device(info, *rdr, item_of(r), r, slots, slot_bytes, staging)
+                                     : read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]));
+        continue;
+      }
+      auto group = checks->group([&report_item, n](const Status& s) { report_item(n, s); });
+      rdr->defer_checks({&*checks, group, &check_ns});
+      checks->seal(group, read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]));
+    }
+    if (rdr) {
+      rdr->defer_checks({});
+      check_ns += static_cast<uint64_t>(rdr->check_s() * 1e9);
     }
     if (own) extra_bytes += own->bytes_read();
   };
@@ -827,6 +869,8 @@ Status execute_per_item(LoadRun& run) {
     if (local.ok()) local = done;
   }
   run.report.bytes_read = (run.reader ? run.reader->bytes_read() : 0) + extra_bytes.load();
+  run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
+  run.report.verify_threads = checks ? checks->threads() : 0;
   return comm::agree(local, run.world()).with_context(run.where);
 }
 

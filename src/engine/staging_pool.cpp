@@ -72,6 +72,15 @@ char* StagingPool::acquire(size_t n, bool* waited) {
   return base_ + offset;
 }
 
+char* StagingPool::try_acquire(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t offset = 0;
+  if (!fits(n, &offset)) return nullptr;
+  blocks_.push_back(Block{offset, n});
+  head_ = offset + n;
+  return base_ + offset;
+}
+
 void StagingPool::release() {
   {
     std::lock_guard<std::mutex> lock(mu_);

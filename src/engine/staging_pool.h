@@ -41,6 +41,8 @@ class StagingPool {
   /// Reserves `n` contiguous bytes (0 < n <= capacity), waiting until the consumer released
   /// enough. Sets *waited when it had to wait.
   char* acquire(size_t n, bool* waited);
+  /// The same without waiting: null when the pool has no room for `n` bytes now.
+  char* try_acquire(size_t n);
   /// Releases the oldest acquired block (blocks are released in acquire order).
   void release();
 

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "storage/posix_io.h"
 #include "storage/verify_blocks.h"
@@ -24,7 +26,38 @@ constexpr uint64_t kMaxGapForTinyRuns = 64u << 10;
 // Whole verification blocks read, checked and copied out at once: cache-sized, so the checksum
 // and the copy see the bytes while they are still in cache.
 constexpr uint64_t kVerifyChunkBytes = 4u << 20;
+// A chunk read in place with deferred checks is read at once up to this size.
+constexpr uint64_t kInPlaceReadBytes = 64u << 20;
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
 }  // namespace
+
+// Landing buffers for chunks checked by a pool job: a job takes one while it holds the chunk's
+// bytes and gives it back when copied out, so at most one per queued job exists.
+struct RegionReader::Spares {
+  std::mutex mu;
+  std::vector<std::vector<char>> free;
+  std::vector<char> take(size_t n) {
+    std::vector<char> b;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!free.empty()) {
+        b = std::move(free.back());
+        free.pop_back();
+      }
+    }
+    if (b.size() < n) b.resize(n);  // never shrunk: a reused buffer is not cleared again
+    return b;
+  }
+  void give(std::vector<char> b) {
+    std::lock_guard<std::mutex> lock(mu);
+    free.push_back(std::move(b));
+  }
+};
 
 Result<RegionReader> RegionReader::open(const std::string& data_file) {
   RegionReader r;
@@ -48,6 +81,9 @@ RegionReader::RegionReader(RegionReader&& o) noexcept
       verify_(o.verify_),
       widened_bytes_(o.widened_bytes_),
       verify_buf_(std::move(o.verify_buf_)),
+      sink_(std::move(o.sink_)),
+      check_ns_(o.check_ns_),
+      spares_(std::move(o.spares_)),
       size_(o.size_),
       bytes_read_(o.bytes_read_),
       path_(std::move(o.path_)),
@@ -113,38 +149,56 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
       continue;
     }
     widened_bytes_ += span.widened;
-    // Through a cache-sized buffer, whole blocks at a time: read, check, copy out.
+    // Through a cache-sized buffer, whole blocks at a time: read, check, copy out. A chunk that
+    // lands in place with its checks deferred is read in one larger pread (as an unverified load
+    // reads: small preads cost read speed, not just syscalls) and checked in cache-sized parts.
     const RegionBlocks rb = region_blocks(t, t.regions[span.region]);
     const int64_t be = static_cast<int64_t>(rb.block_bytes / es);
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kVerifyChunkBytes / rb.block_bytes)) * be;
-    for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
-      const CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
-      const planner::Frame f = span_frame(t, chunk);
-      const std::vector<Box> pieces = span_boxes(t, chunk);
-      // When the whole chunk is wanted and is a plain shift of `dst` in the stored dtype (a load
-      // in the saving layout), it is read in place and checked there: no extra copy.
+    const bool deferred = sink_.pool != nullptr;
+    const int64_t big_step =
+        deferred ? std::max<int64_t>(1, static_cast<int64_t>(kInPlaceReadBytes / rb.block_bytes)) * be : step;
+    // When the whole chunk is wanted and is a plain shift of `dst` in the stored dtype (a load in
+    // the saving layout), it is read in place and checked there: no extra copy. *shift: where.
+    auto lands_in_place = [&](const std::vector<Box>& pieces, const planner::Frame& f, int64_t* shift) {
       bool in_place = t.dtype == dst_type;
-      int64_t shift = 0;
       bool first = true;
       for (const Box& piece : pieces) {
         if (!in_place) break;
         const auto p = planner::intersect(piece, want);
-        if (!p || p->shape != piece.shape) {
-          in_place = false;
-          break;
-        }
+        if (!p || p->shape != piece.shape) return false;
         planner::for_each_run(piece, f, frame, [&](int64_t si, int64_t di, int64_t) {
-          if (first) shift = di - si;
-          in_place = in_place && di - si == shift;
+          if (first) *shift = di - si;
+          in_place = in_place && di - si == *shift;
           first = false;
         });
       }
-      in_place = in_place && !first && shift >= 0;
+      return in_place && !first && *shift >= 0;
+    };
+    for (int64_t c0 = span.begin; c0 < span.end;) {
+      CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + big_step), true, 0};
+      planner::Frame f = span_frame(t, chunk);
+      std::vector<Box> pieces = span_boxes(t, chunk);
+      int64_t shift = 0;
+      bool in_place = lands_in_place(pieces, f, &shift);
+      if (!in_place && chunk.end - chunk.begin > step) {  // through a landing buffer: cache-sized
+        chunk.end = std::min(span.end, c0 + step);
+        f = span_frame(t, chunk);
+        pieces = span_boxes(t, chunk);
+        in_place = lands_in_place(pieces, f, &shift);
+      }
+      c0 = chunk.end;
+      const size_t chunk_bytes = static_cast<size_t>(chunk.end - chunk.begin) * es;
+      std::shared_ptr<std::vector<char>> held;  // a deferred check's own landing buffer
       char* land = nullptr;
       if (in_place) {
         land = static_cast<char*>(dst) + shift * es;
+      } else if (deferred) {
+        if (!spares_) spares_ = std::make_shared<Spares>();
+        held = std::make_shared<std::vector<char>>(spares_->take(chunk_bytes));
+        land = held->data();
       } else {
-        verify_buf_.resize(static_cast<size_t>(chunk.end - chunk.begin) * es);
+        verify_buf_.resize(chunk_bytes);
         land = verify_buf_.data();
       }
       // The gaps between this region's rows are other regions' columns; when the wanted box
@@ -156,11 +210,32 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
                 want.offset[d] + want.shape[d] > rbox.offset[d] + rbox.shape[d];
       const int64_t before = delivered_;  // landing reads fill the chunk, not the destination
       for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land, exact));
-      H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
       delivered_ = before;
       for (const Box& piece : pieces)
         if (const auto p = planner::intersect(piece, want)) delivered_ += p->volume();
-      if (!in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
+      if (deferred) {  // checked (and copied out) by pool jobs while the next chunk is read
+        const TensorInfo* tensor = &t;
+        std::atomic<uint64_t>* busy = sink_.busy_ns;
+        std::shared_ptr<Spares> spares = spares_;
+        for (int64_t p0 = chunk.begin; p0 < chunk.end; p0 += step) {  // one job per cache-sized part
+          const CheckedSpan part{chunk.region, p0, std::min(chunk.end, p0 + step), true, 0};
+          const char* bytes = land + (p0 - chunk.begin) * static_cast<int64_t>(es);
+          sink_.pool->submit(sink_.group, [=]() mutable {
+            const uint64_t t0 = now_ns();
+            Status st = check_span(*tensor, part, bytes);
+            if (st.ok() && held) copy_span_out(*tensor, part, bytes, want, frame, dst_type, dst);
+            if (held) spares->give(std::move(*held));
+            if (busy) *busy += now_ns() - t0;
+            return st;
+          });
+        }
+        continue;
+      }
+      const uint64_t t0 = now_ns();
+      Status checked = check_span(t, chunk, land);
+      if (checked.ok() && !in_place) copy_span_out(t, chunk, land, want, frame, dst_type, dst);
+      check_ns_ += now_ns() - t0;
+      H5CKPT_RETURN_IF_ERROR(checked);
     }
   }
   return Status::Ok();

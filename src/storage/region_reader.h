@@ -2,13 +2,16 @@
 // the validated metadata: no HDF5 parsing of the file, many reads in flight is possible.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "h5ckpt/checkpoint_info.h"
 #include "planner/box_math.h"
 #include "storage/region_lookup.h"
+#include "util/work_pool.h"
 
 namespace h5ckpt::storage {
 
@@ -39,6 +42,22 @@ class RegionReader {
   /// Bytes read beyond the requested ones to complete verification blocks.
   uint64_t widened_bytes() const { return widened_bytes_; }
 
+  /// Where the block checks of later read() calls run. By default on the reading thread, right
+  /// after each chunk is read. With a pool, each chunk's check (and its copy out of a landing
+  /// buffer) becomes a job of `group`, so the next chunk is read while it runs and several run
+  /// at once: read() then returns once the bytes are read, and the destination holds checked
+  /// bytes only when the caller has sealed and waited for the group (its outcome is the checks').
+  /// A check never reads the file again. `busy_ns` (optional) adds up the jobs' time.
+  struct CheckSink {
+    detail::WorkPool* pool = nullptr;
+    std::shared_ptr<detail::WorkPool::Group> group;
+    std::atomic<uint64_t>* busy_ns = nullptr;
+  };
+  void defer_checks(CheckSink sink) { sink_ = std::move(sink); }
+  /// Seconds this reader spent checking blocks on its own thread (deferred checks are counted in
+  /// their sink's busy_ns instead).
+  double check_s() const { return static_cast<double>(check_ns_) * 1e-9; }
+
   /// Reads the part of `t` that `shard` names (a box, or a flat range of one) into `dst`, laid
   /// out as that shard's buffer: shard.numel() elements of `dst_type`. The shard must lie inside
   /// the tensor (ShardSpec::validate). The one "read a shard's boxes" loop of the library.
@@ -64,6 +83,10 @@ class RegionReader {
   bool verify_ = true;
   uint64_t widened_bytes_ = 0;
   std::vector<char> verify_buf_;
+  CheckSink sink_;
+  uint64_t check_ns_ = 0;
+  struct Spares;                    // landing buffers of deferred checks, reused
+  std::shared_ptr<Spares> spares_;  // shared with the jobs that hold them
   uint64_t size_ = 0;
   uint64_t bytes_read_ = 0;
   int64_t delivered_ = 0;  // elements of the current read() placed in the destination

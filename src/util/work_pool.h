@@ -1,0 +1,84 @@
+// A few worker threads that run jobs beside the thread that hands them out: the block checks of
+// a load while its next read is in flight, and the slices of a snapshot copy. Jobs come in
+// groups whose outcome is reported once, when the last of them has run.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "h5ckpt/status.h"
+
+namespace h5ckpt::detail {
+
+/// Threads for a checkpoint operation: `requested` when positive, else the machine's hardware
+/// threads shared by the `ranks_here` ranks of this node (at least 1).
+int default_threads(int requested, int ranks_here);
+
+class WorkPool {
+ public:
+  /// Jobs whose outcome is reported together (one loaded item's checks, one snapshot).
+  class Group;
+
+  /// `threads` workers (at least 1). At most `max_queued` jobs wait or run at once (0: two per
+  /// worker plus two): submit() blocks beyond that, so a producer stays a bounded distance ahead
+  /// of the workers and the buffers its jobs hold stay bounded.
+  explicit WorkPool(int threads, int max_queued = 0);
+  /// Runs every job submitted, then joins the workers.
+  ~WorkPool();
+  WorkPool(const WorkPool&) = delete;
+  WorkPool& operator=(const WorkPool&) = delete;
+
+  int threads() const { return static_cast<int>(workers_.size()); }
+
+  /// A new group; `on_done(first error, or Ok)` runs once, after seal() and after the group's
+  /// last job, on whichever thread finishes last (a worker, or the one that calls seal()).
+  std::shared_ptr<Group> group(std::function<void(const Status&)> on_done = {});
+  /// Queues `job` in `g`; blocks while max_queued jobs are waiting or running.
+  void submit(const std::shared_ptr<Group>& g, std::function<Status()> job);
+  /// No more jobs for `g`; `producer` (an error of the submitting side, e.g. a failed read) joins
+  /// the group's outcome.
+  void seal(const std::shared_ptr<Group>& g, const Status& producer = Status::Ok());
+  /// Blocks until `g` is sealed and every job of it has run; returns its outcome.
+  Status wait(const std::shared_ptr<Group>& g);
+
+ private:
+  struct Job {
+    std::shared_ptr<Group> group;
+    std::function<Status()> run;
+  };
+  void work();
+  void finish_one(const std::shared_ptr<Group>& g, const Status& st);
+
+  std::mutex mu_;
+  std::condition_variable has_work_, has_room_;
+  std::deque<Job> queue_;
+  size_t in_flight_ = 0;  // queued or running
+  size_t max_queued_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+class WorkPool::Group {
+ public:
+  /// The first error of any job or of the producer so far.
+  Status status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  friend class WorkPool;
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;
+  size_t pending_ = 0;
+  bool sealed_ = false, done_ = false;
+  Status status_;
+  std::function<void(const Status&)> on_done_;
+};
+
+}  // namespace h5ckpt::detail
