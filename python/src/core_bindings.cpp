@@ -66,6 +66,8 @@ py::dict save_report_dict(const SaveReport& r) {
   d["path"] = r.path;
   d["bytes_written"] = r.bytes_written;
   d["bytes_direct"] = r.bytes_direct;
+  d["write_calls"] = r.write_calls;
+  d["bytes_aggregated"] = r.bytes_aggregated;
   d["bytes_total"] = r.bytes_total;
   d["blocked_bytes"] = r.blocked_bytes;
   d["plan_s"] = r.plan_s;
@@ -408,6 +410,8 @@ void bind_core(py::module_& m) {
       .def_readonly("path", &SaveReport::path)
       .def_readonly("bytes_written", &SaveReport::bytes_written)
       .def_readonly("bytes_direct", &SaveReport::bytes_direct)
+      .def_readonly("write_calls", &SaveReport::write_calls)
+      .def_readonly("bytes_aggregated", &SaveReport::bytes_aggregated)
       .def_readonly("bytes_total", &SaveReport::bytes_total)
       .def_readonly("blocked_bytes", &SaveReport::blocked_bytes)
       .def_readonly("plan_s", &SaveReport::plan_s)

@@ -21,7 +21,10 @@ namespace {
 class StagedSource : public WriteSource {
  public:
   /// `staged`: pieces live in the pool (false: in the caller's buffers, nothing to release).
-  StagedSource(StagingPool& pool, bool staged) : pool_(pool), staged_(staged) {}
+  /// `stable`: the pool holds the whole snapshot, so nothing overwrites a piece before the save
+  /// ends (the next save waits for this one).
+  StagedSource(StagingPool& pool, bool staged, bool stable) : pool_(pool), staged_(staged), stable_(stable) {}
+  bool stable() const override { return stable_; }
   void fail(const Status& st) {
     std::lock_guard<std::mutex> lock(mu_);
     if (status_.ok()) status_ = st;
@@ -75,6 +78,7 @@ class StagedSource : public WriteSource {
  private:
   StagingPool& pool_;
   const bool staged_;
+  const bool stable_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SourcedWrite> queue_;
@@ -155,14 +159,15 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
       writes.ok() ? std::move(writes).value() : std::vector<planner::WriteItem>{});
 
   auto st = std::make_shared<SaveHandle::State>();
-  auto source = std::make_shared<StagedSource>(pool_, staged);
-  if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
-  const Topology::Impl& io = *io_comms_;
-  const CheckpointerOptions copts = options_;
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
   // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
   const bool after_snapshot = staged && pool_.capacity() >= mine;
-  worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot, backend, shared_dir] {
+  auto source = std::make_shared<StagedSource>(pool_, staged, after_snapshot);
+  if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
+  const Topology::Impl& io = *io_comms_;
+  const CheckpointerOptions copts = options_;
+  MemoryBudget* budget = pool_.budget();
+  worker_ = std::thread([st, source, job, my_writes, copts, &io, after_snapshot, backend, shared_dir, budget] {
     if (after_snapshot) source->wait_closed();
     // Ranks whose snapshot is done wait here for the others without taking their CPU.
     PhaseScope scope("save_async", "start");
@@ -182,7 +187,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
         result->blocked_bytes = st->blocked_bytes;
         result->async = true;
       }
-    } else if (Status written = save_write(io, *job, copts, *source); !written.ok()) {
+    } else if (Status written = save_write(io, *job, copts, *source, budget); !written.ok()) {
       result = written;
     } else {
       {
