@@ -36,3 +36,8 @@ h5ckpt_add_mpi_test(test_direct_io LABELS core RANKS 1 2 3 4 TIMEOUT 300)
 h5ckpt_mpi_test_binary(test_aggregated_read test_aggregated_read.cpp)
 target_link_libraries(test_aggregated_read PRIVATE h5ckpt_test_support)
 h5ckpt_add_mpi_test(test_aggregated_read LABELS load RANKS 1 2 3 4 8 TIMEOUT 300)
+
+# Two-phase writes: exact bytes for any window, byte-identical files, merged runs, agreed faults.
+h5ckpt_mpi_test_binary(test_aggregated_write test_aggregated_write.cpp)
+target_link_libraries(test_aggregated_write PRIVATE h5ckpt_test_support)
+h5ckpt_add_mpi_test(test_aggregated_write LABELS core RANKS 1 2 3 4 8 TIMEOUT 300)
