@@ -90,7 +90,7 @@ class AggregatedWrite : public ::testing::Test {
     unsetenv("H5CKPT_FAULT");
     (void)io::reload_faults_for_testing();
     MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0 && !std::getenv("KEEP")) fs::remove_all(root_);
+    if (world_rank() == 0) fs::remove_all(root_);
   }
   std::string root_;
 };
