@@ -449,6 +449,18 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   bool aggregate = false;
   uint64_t window = 0;
   {
+    // A save that cannot fit fails here, before HDF5 writes anything (see check_free_space): the
+    // tensors, the padding before the aligned ones, and room for HDF5's headers and the index.
+    Status room;
+    if (coordinator) {
+      uint64_t need = 1u << 20;
+      for (const auto& t : tensors)
+        need += t.nbytes() + (copts.alignment > 1 && t.nbytes() >= copts.alignment ? copts.alignment : 0) + 4096;
+      room = storage::check_free_space(job.temp, need);
+    }
+    if (Status a = comm::agree(room, world); !a.ok()) return fail(a);
+  }
+  {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
     // Collectives inside parallel HDF5 cannot be polled: a watchdog bounds them instead.
     std::optional<comm::BlockingGuard> guard(std::in_place, "parallel HDF5 file creation", world);

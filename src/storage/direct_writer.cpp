@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -53,6 +54,16 @@ Status preallocate_file(const std::string& data_file, uint64_t bytes) {
   }
   io::close(fd);
   return result;
+}
+
+Status check_free_space(const std::string& dir, uint64_t bytes) {
+  struct statvfs sv {};
+  if (::statvfs(dir.c_str(), &sv) != 0 || sv.f_blocks == 0) return Status::Ok();
+  const uint64_t available = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  if (available >= bytes) return Status::Ok();
+  return Status(ErrorCode::kIo, "not enough space in '" + dir + "': the checkpoint needs " + std::to_string(bytes) +
+                                    " bytes, " + std::to_string(available) + " are available (" +
+                                    std::strerror(ENOSPC) + ")");
 }
 
 Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direct_io) {

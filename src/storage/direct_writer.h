@@ -18,6 +18,13 @@ namespace h5ckpt::storage {
 /// `bytes`: the size the file will have (0: its current size, for a file HDF5 has closed).
 Status preallocate_file(const std::string& data_file, uint64_t bytes = 0);
 
+/// Fails (kIo, ENOSPC's text) when the file system of `dir` reports fewer than `bytes` available
+/// to this user. Checked before parallel HDF5 creates the data file: HDF5's own metadata writes
+/// failing with ENOSPC inside the collective create or close leave the ranks in mismatched
+/// collectives (seen on a full GlusterFS volume: a hang until the deadline), so a save that cannot
+/// fit must fail before it. A file system that reports no sizes is not checked.
+Status check_free_space(const std::string& dir, uint64_t bytes);
+
 /// Calls fn(buffer_byte, file_byte, bytes) for each run of `shard` (of a tensor of `shape` and
 /// `dtype` whose dataset starts at `dataset_offset`) that is contiguous both in the shard's
 /// canonical buffer and in the file: whole pieces for flat ranges and dim-0 splits, one run per

@@ -263,11 +263,12 @@ case $CASE in
     say "bricks full after $k files: $(df -h --output=avail "$VOL"/bricks/b* | tr '\n' ' ')"
     rc=0
     # shellcheck disable=SC2046
-    out=$(cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 2 --save-every 1 --ckpt-dir "$C" --timeout-s 60 2>&1) || rc=$?
-    echo "$out" | tail -n 5
-    ((rc != 0)) || fail "the save succeeded on full bricks"
-    grep -q "step-00000002.*No space left on device" <<<"$out" ||
-      fail "no error naming the checkpoint and 'No space left on device'"
+    cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 2 --save-every 1 --ckpt-dir "$C" --timeout-s 60 \
+      >"$WORK/full.log" 2>&1 || rc=$?
+    ((rc != 0)) || { cat "$WORK/full.log"; fail "the save succeeded on full bricks"; }
+    grep -q "step-00000002.*No space left on device" "$WORK/full.log" ||
+      { cat "$WORK/full.log"; fail "no error naming the checkpoint and 'No space left on device'"; }
+    grep "No space left on device" "$WORK/full.log" | head -n 2
     rm -f "$SH"/fb/fill-*
     sleep 1
     [[ $(cat "$C/latest") == step-00000001 ]] || fail "latest is '$(cat "$C/latest")' after the failed save"
