@@ -339,6 +339,19 @@ void bind_core(py::module_& m) {
       .def_readwrite("overwrite", &SaveOptions::overwrite)
       .def_readwrite("update_latest", &SaveOptions::update_latest)
       .def_readwrite("step", &SaveOptions::step)
+      .def_property(
+          "aggregate_writes",
+          [](const SaveOptions& o) {
+            return o.aggregate_writes == AggregateWrites::kOn ? "on" : o.aggregate_writes == AggregateWrites::kOff ? "off" : "auto";
+          },
+          [](SaveOptions& o, const std::string& v) {
+            if (v == "auto") o.aggregate_writes = AggregateWrites::kAuto;
+            else if (v == "on") o.aggregate_writes = AggregateWrites::kOn;
+            else if (v == "off") o.aggregate_writes = AggregateWrites::kOff;
+            else throw py::value_error("aggregate_writes: expected 'auto', 'on' or 'off', got '" + v + "'");
+          },
+          "two-phase writes of short runs: 'auto' (default), 'on' or 'off'")
+      .def_readwrite("write_window_bytes", &SaveOptions::write_window_bytes)
       .def_readwrite("persist", &SaveOptions::persist,
                      "with CheckpointerOptions.local_dir: also write this save to the shared level")
       .def_property(
