@@ -44,3 +44,8 @@ target_link_libraries(test_helper_threads PRIVATE h5ckpt_test_support)
 target_include_directories(test_helper_threads PRIVATE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(test_helper_threads PRIVATE ${XXHASH_LIBRARY})
 h5ckpt_add_mpi_test(test_helper_threads LABELS load RANKS 1 2 4 TIMEOUT 300)
+
+# Two-phase writes: exact bytes for any window, byte-identical files, merged runs, agreed faults.
+h5ckpt_mpi_test_binary(test_aggregated_write test_aggregated_write.cpp)
+target_link_libraries(test_aggregated_write PRIVATE h5ckpt_test_support)
+h5ckpt_add_mpi_test(test_aggregated_write LABELS core RANKS 1 2 3 4 8 TIMEOUT 300)

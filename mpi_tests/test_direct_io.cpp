@@ -58,7 +58,8 @@ TEST(DirectIo, SameFileAsBufferedWritesAndExactValues) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     if (dio) EXPECT_GT(sum_all(r->bytes_direct), 0u) << "no run took the O_DIRECT path";
     else EXPECT_EQ(sum_all(r->bytes_direct), 0u);
-    EXPECT_LE(r->bytes_direct, r->bytes_written);
+    // Summed: with aggregated writes (the column split's rows) a rank writes other ranks' bytes.
+    EXPECT_LE(sum_all(r->bytes_direct), sum_all(r->bytes_written));
   }
   std::string why;
   EXPECT_TRUE(h5ckpt::testing::same_datasets(root + "/direct", root + "/buffered", &why)) << why;

@@ -177,9 +177,13 @@ class Faults : public ::testing::TestWithParam<FaultCase> {
 };
 
 // Returns the failing save's or load's agreed status.
+// Every rank writes its own runs (aggregated writes off): a fault on the last rank's n-th pwrite
+// must find that call. Faults inside aggregated writes: test_aggregated_write.
 Status save_b(Checkpointer& ck, StateDict& state, const std::string& path, bool async) {
-  if (!async) return ck.save(state, path).status();
-  auto h = ck.save_async(state, path);
+  SaveOptions own_runs;
+  own_runs.aggregate_writes = AggregateWrites::kOff;
+  if (!async) return ck.save(state, path, own_runs).status();
+  auto h = ck.save_async(state, path, own_runs);
   if (!h.ok()) return h.status();  // prepare runs on the caller's thread
   return h->wait().status();
 }

@@ -3,18 +3,19 @@
 # brick per simulated storage server, and one FUSE client (its own glusterfs process, its own
 # caches) per simulated node.
 #
-#   scripts/gluster.sh start --dir DIR [--bricks B] [--clients N]
+#   scripts/gluster.sh start --dir DIR [--bricks B] [--clients N] [--brick-size SIZE]
 #   scripts/gluster.sh stop --dir DIR
 #   scripts/gluster.sh status --dir DIR
 #   scripts/gluster.sh kill-brick --dir DIR I        # kill -9 brick I (1..B): a dead storage server
 #   scripts/gluster.sh restart-brick --dir DIR       # bring dead bricks back; waits until every client is reconnected
-#   scripts/gluster.sh run --dir DIR [--bricks B] [--clients N] -- COMMAND ARGS...
+#   scripts/gluster.sh run --dir DIR [--bricks B] [--clients N] [--brick-size SIZE] -- COMMAND ARGS...
 #
 # start: bricks are DIR/bricks/b1..bB (B = 2 by default), the volume is distributed over them and
 # named after DIR; DIR/mnt is a client for the caller, DIR/clients/node-1..node-N (N = 4 by default)
 # one client each for the nodes of scripts/cluster.sh (--shared-volume DIR bind-mounts node i's
 # client at the shared path inside node i). Mount options stay at GlusterFS's defaults (1 s entry and
-# attribute caches), which is what a shared-storage test must survive. Waits until every client
+# attribute caches), which is what a shared-storage test must survive. --brick-size gives each brick
+# a file system of its own of that size (a tmpfs, `mount -o size=SIZE`): storage servers that fill. Waits until every client
 # answers. glusterd is shared by every volume on the machine: started if none runs, and stopped by
 # the last stop of a volume whose start started it. Volumes left behind by a caller that died are
 # cleaned up by the next start.
@@ -39,12 +40,13 @@ gcli() { gluster --mode=script "$@"; }
 
 CMD=${1:-}
 (($#)) && shift
-DIR="" BRICKS=2 CLIENTS=4 BRICK_NO=""
+DIR="" BRICKS=2 CLIENTS=4 BRICK_NO="" BRICK_SIZE=""
 while (($#)); do
   case $1 in
     --dir) DIR=${2:?--dir needs a path}; shift 2 ;;
     --bricks) BRICKS=${2:?--bricks needs a count}; shift 2 ;;
     --clients) CLIENTS=${2:?--clients needs a count}; shift 2 ;;
+    --brick-size) BRICK_SIZE=${2:?--brick-size needs a size}; shift 2 ;;
     -h|--help) usage ;;
     --) shift; break ;;
     [0-9]*) BRICK_NO=$1; shift ;;
@@ -55,6 +57,7 @@ done
 [[ -n $DIR ]] || die "--dir is required" 2
 [[ $BRICKS =~ ^[1-9][0-9]?$ ]] || die "--bricks must be 1..99 (got '$BRICKS')" 2
 [[ $CLIENTS =~ ^[0-9]+$ ]] && ((CLIENTS <= 254)) || die "--clients must be 0..254 (got '$CLIENTS')" 2
+[[ -z $BRICK_SIZE || $BRICK_SIZE =~ ^[1-9][0-9]*[kKmMgG]?$ ]] || die "--brick-size must be a size such as 64m (got '$BRICK_SIZE')" 2
 DIR=$(realpath -m -- "$DIR")
 STATE=$DIR/state
 
@@ -154,7 +157,16 @@ teardown() {
     done
     rm -f "$STATE_ROOT/users/$vol"
   fi
+  unmount_bricks "$d"
   rm -rf "$d/bricks" "$d/state"
+}
+
+# The file systems of sized bricks (--brick-size), if any.
+unmount_bricks() {
+  local m
+  for m in "$1"/bricks/b*; do
+    if mountpoint -q "$m" 2>/dev/null; then umount "$m" 2>/dev/null || umount -l "$m" || true; fi
+  done
 }
 
 # Last user gone and glusterd is ours: end it by its pid.
@@ -215,9 +227,13 @@ do_start() {
     gcli volume stop "$vol" force >/dev/null 2>&1 || true
     gcli volume delete "$vol" >/dev/null 2>&1 || true
   fi
+  unmount_bricks "$DIR"
   rm -rf "$DIR/bricks"
   for ((i = 1; i <= BRICKS; i++)); do
     mkdir -p "$DIR/bricks/b$i"
+    if [[ -n $BRICK_SIZE ]]; then
+      mount -t tmpfs -o "size=$BRICK_SIZE" "h5ckpt-brick-b$i" "$DIR/bricks/b$i" || die "could not mount a $BRICK_SIZE file system for brick $i"
+    fi
     bricks+=("$(hostname):$DIR/bricks/b$i")
   done
   # force: the bricks sit on the root file system (a real cluster gives each its own disk).

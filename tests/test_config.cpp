@@ -78,6 +78,8 @@ void expect_defaults(const Config& c) {
   EXPECT_EQ(c.save.checksums, so.checksums);
   EXPECT_EQ(c.save.overwrite, so.overwrite);
   EXPECT_EQ(c.save.update_latest, so.update_latest);
+  EXPECT_EQ(c.save.aggregate_writes, so.aggregate_writes);
+  EXPECT_EQ(c.save.write_window_bytes, so.write_window_bytes);
   EXPECT_EQ(c.load.strict, lo.strict);
   EXPECT_EQ(c.load.strictness, lo.strictness);
   EXPECT_EQ(c.load.convert_dtype, lo.convert_dtype);
@@ -110,6 +112,8 @@ io_threads = 7
 checksums = false
 overwrite = true
 update_latest = false
+aggregate_writes = "OFF"
+write_window_bytes = "2MiB"
 
 [load]
 strict = false
@@ -145,6 +149,8 @@ dir = "/tmp/metrics here"
   EXPECT_FALSE(c.save.checksums);
   EXPECT_TRUE(c.save.overwrite);
   EXPECT_FALSE(c.save.update_latest);
+  EXPECT_EQ(c.save.aggregate_writes, AggregateWrites::kOff);
+  EXPECT_EQ(c.save.write_window_bytes, 2ull << 20);
   EXPECT_FALSE(c.load.strict);
   EXPECT_EQ(c.load.strictness, LoadStrictness::kRaiseAll);
   EXPECT_FALSE(c.load.convert_dtype);
@@ -388,6 +394,8 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
                           "\nchecksums = ",
                           "\noverwrite = ",
                           "\nupdate_latest = ",
+                          "\naggregate_writes = ",
+                          "\nwrite_window_bytes = ",
                           "[load]",
                           "\nstrict = ",
                           "\nstrictness = ",
@@ -403,6 +411,26 @@ TEST_F(ConfigTest, ExampleFileHasEveryKeyAtItsDefault) {
                           "\nenabled = ",
                           "\ndir = "})
     EXPECT_NE(text.find(key), std::string::npos) << key << " missing from " << path;
+}
+
+// aggregate_writes: auto, on or off in any case, from the file or H5CKPT_AGGREGATE_WRITES; any
+// other word is refused naming the key and the accepted values.
+TEST_F(ConfigTest, AggregateWritesModes) {
+  for (const auto& [text, mode] : {std::pair{"auto", AggregateWrites::kAuto}, std::pair{"On", AggregateWrites::kOn},
+                                   std::pair{"off", AggregateWrites::kOff}}) {
+    auto r = parse_config(std::string("[save]\naggregate_writes = \"") + text + "\"\n", "a.toml");
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->save.aggregate_writes, mode) << text;
+  }
+  auto bad = parse_config("[save]\naggregate_writes = \"sometimes\"\n", "a.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("aggregate_writes"), std::string::npos) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("auto, on, off"), std::string::npos) << bad.status().to_string();
+  setenv("H5CKPT_AGGREGATE_WRITES", "on", 1);
+  auto env = resolve_config("");
+  unsetenv("H5CKPT_AGGREGATE_WRITES");
+  ASSERT_TRUE(env.ok()) << env.status().to_string();
+  EXPECT_EQ(env->save.aggregate_writes, AggregateWrites::kOn);
 }
 
 // timeout_s: seconds as a TOML integer or float, or a decimal in H5CKPT_TIMEOUT_S; 0 turns the

@@ -170,6 +170,9 @@ typedef struct h5ckpt_save_options {
    * waits for it on the device). NULL (default): the device is synchronized first. */
   void* device_stream;
   int persist; /* with a local_dir: also write this save to the shared level (default 0) */
+  /* Two-phase writes of short runs (SaveOptions::aggregate_writes): 0 auto (default), 1 on, 2 off. */
+  int aggregate_writes;
+  uint64_t write_window_bytes; /* bytes an aggregating rank writes at once (0: the default, 32 MiB) */
 } h5ckpt_save_options_t;
 
 /* Fills `options` with the defaults above. */

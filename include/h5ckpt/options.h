@@ -13,6 +13,13 @@
 
 namespace h5ckpt {
 
+/// When a save sends its short writes to aggregating ranks (SaveOptions::aggregate_writes).
+enum class AggregateWrites : uint8_t {
+  kAuto = 0,  ///< writes whose contiguous runs average below 256 KiB (rows of column splits)
+  kOn = 1,    ///< every write
+  kOff = 2,   ///< none: each rank writes its own runs
+};
+
 struct SaveOptions {
   /// xxh3-64 of every written region, recorded in the metadata and checked by `verify`.
   bool checksums = true;
@@ -31,6 +38,18 @@ struct SaveOptions {
   /// With CheckpointerOptions::local_dir: also persist this save to the shared file system,
   /// whatever persist_every says.
   bool persist = false;
+  /// Two-phase writes (docs/design.md, "Aggregated writes"): the bytes of short runs (the rows of
+  /// tensors split along a dimension other than the first, and flat ranges of them) go over MPI
+  /// to the rank that owns their contiguous domain of the file, which writes its domain in
+  /// windows of write_window_bytes: a few long writes per rank instead of one per row, what a
+  /// network file system needs (each write call is a round trip there). The file is the same
+  /// byte for byte. Used when every rank's bytes stay in place for the whole write phase
+  /// (synchronous saves of host buffers; save_async when the snapshot fits the staging pool),
+  /// the two windows fit the memory budget, and direct_writes is on; otherwise each rank writes
+  /// its own runs. Ranks that disagree fall back to that too.
+  AggregateWrites aggregate_writes = AggregateWrites::kAuto;
+  /// Bytes an aggregating rank writes at once; two such buffers per rank while it aggregates.
+  uint64_t write_window_bytes = 32ull << 20;
 };
 
 /// What a load does when the keys of the state and of the checkpoint differ. Whatever the mode,
@@ -175,6 +194,8 @@ struct SaveReport {
   std::string path;            ///< committed checkpoint directory
   uint64_t bytes_written = 0;  ///< bytes this rank wrote (after de-duplication)
   uint64_t bytes_direct = 0;   ///< of those, bytes written with O_DIRECT (see direct_io)
+  uint64_t write_calls = 0;    ///< positioned write calls this rank made for tensor bytes (direct_writes)
+  uint64_t bytes_aggregated = 0;  ///< bytes this rank wrote as an aggregator (SaveOptions::aggregate_writes)
   uint64_t bytes_total = 0;    ///< unique bytes in the checkpoint (all ranks)
   uint64_t blocked_bytes = 0;  ///< async only: bytes snapshotted only after waiting for the writer
   double plan_s = 0;           ///< planning (0 when the cached plan was reused, but for one allreduce)

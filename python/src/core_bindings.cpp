@@ -66,6 +66,8 @@ py::dict save_report_dict(const SaveReport& r) {
   d["path"] = r.path;
   d["bytes_written"] = r.bytes_written;
   d["bytes_direct"] = r.bytes_direct;
+  d["write_calls"] = r.write_calls;
+  d["bytes_aggregated"] = r.bytes_aggregated;
   d["bytes_total"] = r.bytes_total;
   d["blocked_bytes"] = r.blocked_bytes;
   d["plan_s"] = r.plan_s;
@@ -337,6 +339,19 @@ void bind_core(py::module_& m) {
       .def_readwrite("overwrite", &SaveOptions::overwrite)
       .def_readwrite("update_latest", &SaveOptions::update_latest)
       .def_readwrite("step", &SaveOptions::step)
+      .def_property(
+          "aggregate_writes",
+          [](const SaveOptions& o) {
+            return o.aggregate_writes == AggregateWrites::kOn ? "on" : o.aggregate_writes == AggregateWrites::kOff ? "off" : "auto";
+          },
+          [](SaveOptions& o, const std::string& v) {
+            if (v == "auto") o.aggregate_writes = AggregateWrites::kAuto;
+            else if (v == "on") o.aggregate_writes = AggregateWrites::kOn;
+            else if (v == "off") o.aggregate_writes = AggregateWrites::kOff;
+            else throw py::value_error("aggregate_writes: expected 'auto', 'on' or 'off', got '" + v + "'");
+          },
+          "two-phase writes of short runs: 'auto' (default), 'on' or 'off'")
+      .def_readwrite("write_window_bytes", &SaveOptions::write_window_bytes)
       .def_readwrite("persist", &SaveOptions::persist,
                      "with CheckpointerOptions.local_dir: also write this save to the shared level")
       .def_property(
@@ -408,6 +423,8 @@ void bind_core(py::module_& m) {
       .def_readonly("path", &SaveReport::path)
       .def_readonly("bytes_written", &SaveReport::bytes_written)
       .def_readonly("bytes_direct", &SaveReport::bytes_direct)
+      .def_readonly("write_calls", &SaveReport::write_calls)
+      .def_readonly("bytes_aggregated", &SaveReport::bytes_aggregated)
       .def_readonly("bytes_total", &SaveReport::bytes_total)
       .def_readonly("blocked_bytes", &SaveReport::blocked_bytes)
       .def_readonly("plan_s", &SaveReport::plan_s)

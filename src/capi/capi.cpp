@@ -99,6 +99,9 @@ h5ckpt::SaveOptions save_options(const h5ckpt_save_options_t* o) {
     s.step = o->step;
     s.device_stream = o->device_stream;
     s.persist = o->persist != 0;
+    if (o->aggregate_writes == 1) s.aggregate_writes = h5ckpt::AggregateWrites::kOn;
+    else if (o->aggregate_writes == 2) s.aggregate_writes = h5ckpt::AggregateWrites::kOff;
+    if (o->write_window_bytes) s.write_window_bytes = o->write_window_bytes;
   }
   return s;
 }
@@ -334,6 +337,8 @@ void h5ckpt_save_options_init(h5ckpt_save_options_t* options) {
   options->step = d.step;
   options->device_stream = d.device_stream;
   options->persist = d.persist ? 1 : 0;
+  options->aggregate_writes = static_cast<int>(d.aggregate_writes);
+  options->write_window_bytes = d.write_window_bytes;
 }
 
 int h5ckpt_save(h5ckpt_checkpointer_t* ck, const h5ckpt_state_t* state, const char* path,

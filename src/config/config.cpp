@@ -23,7 +23,7 @@ namespace h5ckpt {
 
 namespace {
 
-enum class Kind { kBool, kSize, kPositiveSize, kThreads, kCount, kString, kLogLevel, kSeconds, kStrictness };
+enum class Kind { kBool, kSize, kPositiveSize, kThreads, kCount, kString, kLogLevel, kSeconds, kStrictness, kAggregateWrites };
 
 using Value = std::variant<bool, uint64_t, std::string, double>;
 
@@ -32,6 +32,14 @@ std::optional<LoadStrictness> strictness_from(const std::string& name) {
   if (name == "ignore_unexpected") return LoadStrictness::kIgnoreUnexpected;
   if (name == "raise_all") return LoadStrictness::kRaiseAll;
   if (name == "allow_missing") return LoadStrictness::kAllowMissing;
+  return std::nullopt;
+}
+
+// SaveOptions::aggregate_writes by its configuration name (lower case), or nullopt.
+std::optional<AggregateWrites> aggregate_writes_from(const std::string& name) {
+  if (name == "auto") return AggregateWrites::kAuto;
+  if (name == "on") return AggregateWrites::kOn;
+  if (name == "off") return AggregateWrites::kOff;
   return std::nullopt;
 }
 
@@ -90,6 +98,10 @@ const KeyDef kKeys[] = {
     {"save", "overwrite", "H5CKPT_OVERWRITE", Kind::kBool, [](Config& c, const Value& v) { c.save.overwrite = b(v); }},
     {"save", "update_latest", "H5CKPT_UPDATE_LATEST", Kind::kBool,
      [](Config& c, const Value& v) { c.save.update_latest = b(v); }},
+    {"save", "aggregate_writes", "H5CKPT_AGGREGATE_WRITES", Kind::kAggregateWrites,
+     [](Config& c, const Value& v) { c.save.aggregate_writes = *aggregate_writes_from(s(v)); }},
+    {"save", "write_window_bytes", "H5CKPT_WRITE_WINDOW_BYTES", Kind::kPositiveSize,
+     [](Config& c, const Value& v) { c.save.write_window_bytes = u(v); }},
     {"load", "strict", "H5CKPT_LOAD_STRICT", Kind::kBool, [](Config& c, const Value& v) { c.load.strict = b(v); }},
     {"load", "strictness", "H5CKPT_LOAD_STRICTNESS", Kind::kStrictness,
      [](Config& c, const Value& v) { c.load.strictness = *strictness_from(s(v)); }},
@@ -127,6 +139,7 @@ const char* kind_expectation(Kind k) {
     case Kind::kString: return "a string";
     case Kind::kLogLevel: return "one of trace, debug, info, warn, error, critical, off";
     case Kind::kStrictness: return "one of ignore_unexpected, raise_all, allow_missing";
+    case Kind::kAggregateWrites: return "one of auto, on, off";
   }
   return "?";
 }
@@ -167,6 +180,8 @@ std::string check_range(Kind k, const Value& v) {
     return std::string("expected ") + kind_expectation(k);
   if (k == Kind::kStrictness && !strictness_from(s(v)))
     return "unknown strictness \"" + s(v) + "\" (expected " + kind_expectation(k) + ")";
+  if (k == Kind::kAggregateWrites && !aggregate_writes_from(s(v)))
+    return "unknown mode \"" + s(v) + "\" (expected " + kind_expectation(k) + ")";
   if (k == Kind::kLogLevel && !log_level_from(s(v), nullptr))
     return "unknown log level \"" + s(v) + "\" (expected " + kind_expectation(k) + ")";
   return "";
@@ -209,6 +224,7 @@ std::string value_from_text(Kind k, const std::string& text, Value* out) {
       *out = text;  // untrimmed: a path may legitimately contain spaces
       return "";
     case Kind::kLogLevel:
+    case Kind::kAggregateWrites:
     case Kind::kStrictness: *out = lower(t); return check_range(k, *out);
   }
   return "internal: unhandled kind";
@@ -264,6 +280,7 @@ std::string value_from_toml(Kind k, const toml::node& n, Value* out) {
       *out = n.as_string()->get();
       return "";
     case Kind::kLogLevel:
+    case Kind::kAggregateWrites:
     case Kind::kStrictness:
       if (!n.is_string()) return std::string("expected ") + kind_expectation(k) + got;
       *out = lower(trim(n.as_string()->get()));

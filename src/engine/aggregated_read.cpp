@@ -12,6 +12,7 @@
 
 #include "comm/comm.h"
 #include "engine/staging_pool.h"
+#include "engine/two_phase.h"
 #include "storage/region_reader.h"
 
 namespace h5ckpt::engine {
@@ -27,19 +28,7 @@ constexpr uint64_t kMaxWindow = 1ull << 30;  // keeps every piece length below I
 constexpr int kSlots = 2;                    // one window is read while the previous one is sent
 constexpr int kPollMicros = 50;
 
-// Where domains and windows fall: the same arithmetic on every rank, so senders and receivers
-// cut pieces at the same offsets without telling each other.
-struct Geometry {
-  uint64_t lo = 0, domain = 1, window = 1;
-  int owner(uint64_t off) const { return static_cast<int>((off - lo) / domain); }
-  uint64_t domain_begin(int a) const { return lo + static_cast<uint64_t>(a) * domain; }
-  uint64_t window_index(uint64_t off) const { return (off - domain_begin(owner(off))) / window; }
-  uint64_t window_begin(int a, uint64_t k) const { return domain_begin(a) + k * window; }
-  uint64_t next_cut(uint64_t off) const {
-    const int a = owner(off);
-    return std::min(domain_begin(a) + domain, window_begin(a, window_index(off)) + window);
-  }
-};
+using two_phase::Geometry;
 
 // A piece cut at domain and window boundaries: it comes from aggregator `agg`'s window `window`.
 struct Cut {
@@ -63,53 +52,9 @@ std::vector<Cut> cut_pieces(const Geometry& g, const std::vector<ReadPiece>& pie
   return cuts;
 }
 
-// A message of `blocks` (displacement from `base`, length; with a null base the displacements
-// are addresses): plain bytes when it is one block (lets MPI copy it once between processes),
-// else an hindexed type built for this call.
-struct Message {
-  void* base = nullptr;
-  int count = 0;
-  MPI_Datatype type = MPI_BYTE;
-  bool owned = false;
-};
-
-Result<Message> make_message(char* base, const std::vector<std::pair<MPI_Aint, uint64_t>>& blocks) {
-  Message m;
-  if (blocks.size() == 1) {
-    m.base = base ? base + blocks[0].first : reinterpret_cast<char*>(blocks[0].first);
-    m.count = static_cast<int>(blocks[0].second);
-    return m;
-  }
-  std::vector<int> lengths;
-  std::vector<MPI_Aint> displs;
-  for (const auto& [d, n] : blocks) {
-    displs.push_back(d);
-    lengths.push_back(static_cast<int>(n));
-  }
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
-      MPI_Type_create_hindexed(static_cast<int>(blocks.size()), lengths.data(), displs.data(), MPI_BYTE, &m.type),
-      "MPI_Type_create_hindexed"));
-  m.owned = true;
-  if (Status st = comm::mpi_status(MPI_Type_commit(&m.type), "MPI_Type_commit"); !st.ok()) {
-    MPI_Type_free(&m.type);
-    return st;
-  }
-  m.base = base ? base : MPI_BOTTOM;
-  m.count = 1;
-  return m;
-}
-
-// Posts one send or receive; the type is freed at once (MPI keeps it alive for the request).
-Status post(bool send, char* base, const std::vector<std::pair<MPI_Aint, uint64_t>>& blocks, int peer, MPI_Comm comm,
+Status post(bool send, char* base, const two_phase::Blocks& blocks, int peer, MPI_Comm comm,
             std::vector<MPI_Request>& reqs) {
-  H5CKPT_ASSIGN_OR_RETURN(Message m, make_message(base, blocks));
-  MPI_Request r = MPI_REQUEST_NULL;
-  const int rc = send ? MPI_Isend(m.base, m.count, m.type, peer, kTag, comm, &r)
-                      : MPI_Irecv(m.base, m.count, m.type, peer, kTag, comm, &r);
-  if (m.owned) MPI_Type_free(&m.type);
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv"));
-  reqs.push_back(r);
-  return Status::Ok();
+  return two_phase::post(send, base, blocks, peer, kTag, comm, reqs);
 }
 
 // What an aggregator does with one window of its domain.
@@ -253,13 +198,10 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
       comm::mpi_status(MPI_Iallreduce(ext, all, 2, MPI_UINT64_T, MPI_MAX, comm, &req), "MPI_Iallreduce"));
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (extent)", comm));
   if (all[1] == 0) return report;  // nobody reads anything
-  Geometry g;
-  g.window = std::clamp<uint64_t>(window_bytes, pool ? kMinWindow : kMinBoundedWindow, kMaxWindow);
-  const uint64_t align = std::min(kDomainAlign, g.window);
-  g.lo = (kNone - all[0]) / align * align;
-  const uint64_t share = (all[1] - g.lo + n - 1) / static_cast<uint64_t>(n);
-  g.domain = (share + align - 1) / align * align;
-  g.window = std::min(g.window, g.domain);
+  const Geometry g =
+      two_phase::make_geometry(kNone - all[0], all[1], n,
+                               std::clamp<uint64_t>(window_bytes, pool ? kMinWindow : kMinBoundedWindow, kMaxWindow),
+                               kDomainAlign);
 
   // Tell each aggregator what this rank wants from its domain.
   const std::vector<Cut> cuts = cut_pieces(g, pieces);

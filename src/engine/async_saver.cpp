@@ -25,7 +25,10 @@ constexpr uint64_t kMinSliceBytes = 1ull << 20;
 class StagedSource : public WriteSource {
  public:
   /// `staged`: pieces live in the pool (false: in the caller's buffers, nothing to release).
-  StagedSource(StagingPool& pool, bool staged) : pool_(pool), staged_(staged) {}
+  /// `stable`: the pool holds the whole snapshot, so nothing overwrites a piece before the save
+  /// ends (the next save waits for this one).
+  StagedSource(StagingPool& pool, bool staged, bool stable) : pool_(pool), staged_(staged), stable_(stable) {}
+  bool stable() const override { return stable_; }
   void fail(const Status& st) {
     std::lock_guard<std::mutex> lock(mu_);
     if (status_.ok()) status_ = st;
@@ -79,6 +82,7 @@ class StagedSource : public WriteSource {
  private:
   StagingPool& pool_;
   const bool staged_;
+  const bool stable_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SourcedWrite> queue_;
@@ -166,12 +170,12 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
       writes.ok() ? std::move(writes).value() : std::vector<planner::WriteItem>{});
 
   auto st = std::make_shared<SaveHandle::State>();
-  auto source = std::make_shared<StagedSource>(pool_, staged);
-  if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
-  const Topology::Impl& io = *io_comms_;
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
   // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
   const bool after_snapshot = staged && pool_.capacity() >= mine;
+  auto source = std::make_shared<StagedSource>(pool_, staged, after_snapshot);
+  if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
+  const Topology::Impl& io = *io_comms_;
   Level* lvl = &level;  // outlives the thread: the Checkpointer joins it before destroying its level
   worker_ = std::thread([st, source, job, my_writes, &io, after_snapshot, lvl] {
     if (after_snapshot) source->wait_closed();

@@ -20,6 +20,7 @@
 
 #include "comm/topology_impl.h"
 #include "comm/transport.h"
+#include "engine/memory_budget.h"
 #include "engine/staging_pool.h"
 #include "engine/wire.h"
 #include "h5ckpt/options.h"
@@ -74,6 +75,9 @@ class WriteSource {
   virtual void done(const SourcedWrite&) {}
   /// A failure of the source itself (a device copy); the writer fails the save with it.
   virtual Status status() { return Status::Ok(); }
+  /// Every write's bytes stay where next() put them, unchanged, until the write phase ends (not
+  /// only until done()): the condition for sending them to an aggregating rank later.
+  virtual bool stable() const { return false; }
 };
 
 /// One save from prepare to commit: fixed by save_prepare, filled in by the later phases.
@@ -117,9 +121,12 @@ std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::Wr
                                                   const StateDict& state, StagingPool& pool, uint64_t half_bytes);
 
 /// Phase 2, collective over comms.world: the HDF5 file and its datasets, every write from
-/// `source` (checksummed as it streams), fsync. Always drains `source`; on failure removes the
-/// temporary directory.
-Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source);
+/// `source` (checksummed as it streams), fsync. Short runs go through aggregated writes
+/// (SaveOptions::aggregate_writes) when every rank's source is stable and its two windows fit
+/// `budget` (leased there while in use; null: no budget). Always drains `source`; on failure
+/// removes the temporary directory.
+Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source,
+                  MemoryBudget* budget = nullptr);
 
 /// wire::bcast_outcome from the coordinator through the node leaders. Collective.
 inline Result<std::string> bcast_outcome(const Result<std::string>& on_root, const Topology::Impl& topo) {

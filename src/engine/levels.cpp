@@ -40,7 +40,7 @@ class SharedLevel final : public Level {
   }
 
   Result<SaveReport> save(const Topology::Impl& io, SaveJob& job, WriteSource& source) override {
-    H5CKPT_RETURN_IF_ERROR(save_write(io, job, ctx_.options, source));
+    H5CKPT_RETURN_IF_ERROR(save_write(io, job, ctx_.options, source, ctx_.pool.budget()));
     if (job.before_commit) job.before_commit(job.report);
     return save_commit(io, job, ctx_.options);
   }

@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "comm/deadline.h"
 #include "device/staging.h"
+#include "engine/aggregated_write.h"
 #include "engine/engine.h"
 #include "engine/pieces.h"
 #include "metrics/log.h"
@@ -294,6 +298,8 @@ class CallerBufferSource : public WriteSource {
     return w;
   }
   Status status() override { return status_; }
+  // Host bytes are written from the caller's buffers, which stay put until save() returns.
+  bool stable() const override { return half_[0] == nullptr; }
 
  private:
   SourcedWrite locate(size_t j) const {
@@ -321,6 +327,89 @@ void drain(WriteSource& source) {
   while (auto w = source.next()) source.done(*w);
 }
 
+// Writes whose runs average below this go to the aggregators under AggregateWrites::kAuto: on a
+// network file system a call costs a round trip, which a run this short does not amortize.
+constexpr uint64_t kAggregateRunBytes = 256u << 10;
+constexpr uint64_t kWindowUnit = 64;  // windows are agreed in these units (an int per rank)
+
+// The two window buffers of aggregated writes, kept across saves so their pages stay touched
+// (first-touch faults on this kind of VM cost more than the writes; async saves run on a new
+// thread each time), unless a memory budget is set: then they live only while leased. One set
+// per process; a save that finds it in use (another Checkpointer saving at the same moment)
+// takes buffers of its own for the call.
+class WindowSlots {
+ public:
+  char* get(uint64_t bytes) {
+    if (size_ < bytes) {
+      buf_.reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+      size_ = buf_ ? bytes : 0;
+      if (buf_) std::memset(buf_.get(), 0, size_);
+    }
+    return buf_.get();
+  }
+  void free() {
+    buf_.reset();
+    size_ = 0;
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> buf_;
+  uint64_t size_ = 0;
+};
+
+std::mutex& shared_slots_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+WindowSlots& shared_slots() {
+  static WindowSlots slots;
+  return slots;
+}
+
+// This rank's side of the aggregation decision, folded into the create agreement: whether it
+// can aggregate at all, and the window it can afford (its two buffers are leased from here).
+struct AggregationOffer {
+  int possible = 0;
+  int window_units = 0;
+  MemoryBudget::Lease lease;
+};
+
+AggregationOffer offer_aggregation(const SaveOptions& options, const CheckpointerOptions& copts,
+                                   const WriteSource& source, MemoryBudget* budget) {
+  AggregationOffer o;
+  if (options.aggregate_writes == AggregateWrites::kOff || !copts.direct_writes || !source.stable()) return o;
+  uint64_t window = std::clamp<uint64_t>(options.write_window_bytes, kWindowUnit, 1ull << 30);
+  if (budget && budget->bounded()) window = std::min<uint64_t>(window, budget->available() / 2);
+  window = window / kWindowUnit * kWindowUnit;
+  if (window == 0) return o;
+  if (budget) {
+    auto lease = budget->lease(2 * window, "aggregated write windows");
+    if (!lease.ok()) return o;
+    o.lease = std::move(lease).value();
+  }
+  o.possible = 1;
+  o.window_units = static_cast<int>(window / kWindowUnit);
+  return o;
+}
+
+// The runs of one write as pieces for the aggregators, or nothing when the write should go out
+// as it is (kAuto and long runs).
+bool aggregate_runs(AggregateWrites mode, const planner::TensorPlan& t, int64_t dataset_offset,
+                    const planner::WriteItem& w, const char* data, std::vector<WritePiece>& pieces) {
+  std::vector<WritePiece> runs;
+  storage::for_each_file_run(dataset_offset, t.shape, t.dtype, w.box, [&](uint64_t at, uint64_t off, uint64_t len) {
+    runs.push_back({off, len, data + at});
+  });
+  if (runs.empty()) return true;
+  if (mode == AggregateWrites::kAuto && w.bytes / runs.size() >= kAggregateRunBytes) return false;
+  pieces.insert(pieces.end(), runs.begin(), runs.end());
+  return true;
+}
+
 }  // namespace
 
 std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::WriteItem>> writes,
@@ -337,7 +426,8 @@ std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::Wr
                                               half_bytes, std::move(staged));
 }
 
-Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source) {
+Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source,
+                  MemoryBudget* budget) {
   PhaseScope scope("save", "write");
   const double t0 = now_s();
   const MPI_Comm world = comms.world.get();
@@ -355,13 +445,32 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   const std::string data_file = (fs::path(job.temp) / storage::kDataFileName).string();
   std::optional<storage::ParallelWriter> h5writer;
   std::optional<storage::DirectWriter> direct;
+  AggregationOffer offer = offer_aggregation(job.options, copts, source, budget);
+  bool aggregate = false;
+  uint64_t window = 0;
+  {
+    // A save that cannot fit fails here, before HDF5 writes anything (see check_free_space): the
+    // tensors, the padding before the aligned ones, and room for HDF5's headers and the index.
+    Status room;
+    if (coordinator) {
+      uint64_t need = 1u << 20;
+      for (const auto& t : tensors)
+        need += t.nbytes() + (copts.alignment > 1 && t.nbytes() >= copts.alignment ? copts.alignment : 0) + 4096;
+      room = storage::check_free_space(job.temp, need);
+    }
+    if (Status a = comm::agree(room, world); !a.ok()) return fail(a);
+  }
   {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
     // Collectives inside parallel HDF5 cannot be polled: a watchdog bounds them instead.
     std::optional<comm::BlockingGuard> guard(std::in_place, "parallel HDF5 file creation", world);
     auto writer = storage::ParallelWriter::create(data_file, world, tensors, copts.alignment, copts.mpi_hints);
     guard.reset();
-    if (Status a = comm::agree(writer.status(), world); !a.ok()) return fail(a);
+    // Whether the save aggregates, and with which window, is agreed here too: all or no ranks.
+    int agreed[2] = {offer.possible, offer.window_units};
+    if (Status a = comm::agree(writer.status(), world, agreed, 2); !a.ok()) return fail(a);
+    aggregate = agreed[0] == 1 && agreed[1] > 0;
+    window = static_cast<uint64_t>(agreed[1]) * kWindowUnit;
     job.offsets = writer->offsets();
     h5writer.emplace(std::move(writer).value());
     if (copts.direct_writes) {  // the file structure is complete: close it before raw writes
@@ -399,6 +508,7 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   }
   std::optional<storage::BlockHasher> hasher;  // of the region whose pieces are streaming by
   job.checksums.clear();
+  std::vector<WritePiece> pieces;  // runs for the aggregators
   while (auto sourced = source.next()) {
     if (local.ok()) local = source.status();  // a failed staging copy: its bytes are not there
     const planner::WriteItem& w = *sourced->write;
@@ -413,7 +523,10 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
         }
         hasher->update(sourced->data, w.bytes);
       }
-      if (direct) {
+      if (aggregate &&
+          aggregate_runs(job.options.aggregate_writes, t, job.offsets[w.tensor], w, sourced->data, pieces)) {
+        // sent to the aggregators after the loop (the source is stable)
+      } else if (direct) {
         local = direct->write(job.offsets[w.tensor], t.shape, t.dtype, w.box, sourced->data);
       } else {
         std::lock_guard<std::mutex> lock(storage::hdf5_lock());
@@ -434,8 +547,26 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
     source.done(*sourced);
   }
   const double t_pieces = now_s();
+  if (aggregate) {
+    // Every rank takes part, whatever failed here: the others' sends and receives wait for it.
+    std::unique_lock<std::mutex> shared(shared_slots_mutex(), std::try_to_lock);
+    WindowSlots own;
+    WindowSlots& buffers = shared.owns_lock() ? shared_slots() : own;
+    char* slots = buffers.get(2 * window);
+    if (!slots && local.ok()) local = Status(ErrorCode::kIo, "could not allocate the aggregated write windows");
+    auto written = aggregated_write(
+        world, std::move(pieces), window, slots, [&](const char* p, uint64_t len, uint64_t off) {
+          return direct ? direct->write_bytes(p, len, off) : Status(ErrorCode::kIo, "data file not open");
+        });
+    if (written.ok()) job.report.bytes_aggregated = written->bytes_written;
+    else if (local.ok()) local = written.status().with_context("aggregated writes");
+    if (budget && budget->bounded()) buffers.free();
+  }
+  offer.lease.reset();
+  const double t_aggregated = now_s();
   if (direct) {
     job.report.bytes_direct = direct->direct_bytes();
+    job.report.write_calls = direct->write_calls();
     Status synced = direct->sync_and_close();
     if (local.ok()) local = synced;
   } else if (h5writer) {
@@ -447,8 +578,11 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   const double t_synced = now_s();
   if (Status a = comm::agree(local, world); !a.ok()) return fail(a);
   const double t_write = now_s();
-  metrics::log().debug("write phase: create {:.3f}s, pieces {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s",
-                       t_created - t0, t_pieces - t_created, t_synced - t_pieces, t_write - t_synced);
+  metrics::log().debug(
+      "write phase: create {:.3f}s, pieces {:.3f}s, aggregated {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s, "
+      "{} write calls",
+      t_created - t0, t_pieces - t_created, t_aggregated - t_pieces, t_synced - t_aggregated, t_write - t_synced,
+      job.report.write_calls);
   job.report.write_s = t_write - t0;
   return Status::Ok();
 }

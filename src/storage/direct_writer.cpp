@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -55,6 +56,16 @@ Status preallocate_file(const std::string& data_file, uint64_t bytes) {
   return result;
 }
 
+Status check_free_space(const std::string& dir, uint64_t bytes) {
+  struct statvfs sv {};
+  if (::statvfs(dir.c_str(), &sv) != 0 || sv.f_blocks == 0) return Status::Ok();
+  const uint64_t available = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  if (available >= bytes) return Status::Ok();
+  return Status(ErrorCode::kIo, "not enough space in '" + dir + "': the checkpoint needs " + std::to_string(bytes) +
+                                    " bytes, " + std::to_string(available) + " are available (" +
+                                    std::strerror(ENOSPC) + ")");
+}
+
 Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direct_io) {
   DirectWriter w;
   w.path_ = data_file;
@@ -65,7 +76,11 @@ Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direc
 }
 
 DirectWriter::DirectWriter(DirectWriter&& o) noexcept
-    : fd_(o.fd_), direct_fd_(o.direct_fd_), direct_bytes_(o.direct_bytes_), path_(std::move(o.path_)) {
+    : fd_(o.fd_),
+      direct_fd_(o.direct_fd_),
+      direct_bytes_(o.direct_bytes_),
+      write_calls_(o.write_calls_),
+      path_(std::move(o.path_)) {
   o.fd_ = -1;
   o.direct_fd_ = -1;
 }
@@ -78,6 +93,7 @@ DirectWriter::~DirectWriter() {
 Status DirectWriter::pwrite_all(int fd, const char* p, uint64_t left, uint64_t off) {
   while (left) {
     ssize_t w = io::pwrite(fd, p, std::min<uint64_t>(left, 1ull << 30), static_cast<off_t>(off));
+    ++write_calls_;
     if (w < 0) {
       if (errno == EINTR) continue;
       return io::error("pwrite", path_, errno);
@@ -103,6 +119,7 @@ Status DirectWriter::write_direct(const char* p, uint64_t len, uint64_t off) {
       src = b;
     }
     ssize_t w = io::pwrite(direct_fd_, src, n, static_cast<off_t>(off));
+    ++write_calls_;
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EINVAL) {  // the file system refuses O_DIRECT here: page cache from now on
       metrics::log().debug("O_DIRECT write refused on '{}': using buffered writes", path_);
@@ -131,22 +148,24 @@ Status DirectWriter::write_run(const char* p, uint64_t len, uint64_t off) {
   return pwrite_all(fd_, p + (a1 - off), off + len - a1, a1);
 }
 
-Status DirectWriter::write(int64_t dataset_offset, const Shape& shape, DType dtype, const ShardSpec& shard,
-                           const void* data) {
-  const uint64_t es = dtype_size(dtype);
+void for_each_file_run(int64_t dataset_offset, const Shape& shape, DType dtype, const ShardSpec& shard,
+                       const std::function<void(uint64_t, uint64_t, uint64_t)>& fn) {
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
   const planner::Frame file{Box{Shape(shape.size(), 0), shape}, 0};
   const planner::Frame buf = planner::frame_of(shard);
+  for (const Box& b : planner::shard_boxes(shard))
+    planner::for_each_run(b, buf, file, [&](int64_t bi, int64_t fi, int64_t n) {
+      fn(static_cast<uint64_t>(bi * es), static_cast<uint64_t>(dataset_offset + fi * es), static_cast<uint64_t>(n * es));
+    });
+}
+
+Status DirectWriter::write(int64_t dataset_offset, const Shape& shape, DType dtype, const ShardSpec& shard,
+                           const void* data) {
   const char* src = static_cast<const char*>(data);
   Status st;
-  for (const Box& b : planner::shard_boxes(shard)) {
-    // Runs contiguous in both the buffer and the file: whole pieces for flat ranges and
-    // dim-0 splits, one run per row for column splits.
-    planner::for_each_run(b, buf, file, [&](int64_t bi, int64_t fi, int64_t n) {
-      if (!st.ok()) return;
-      st = write_run(src + bi * es, static_cast<uint64_t>(n) * es,
-                     static_cast<uint64_t>(dataset_offset + fi * static_cast<int64_t>(es)));
-    });
-  }
+  for_each_file_run(dataset_offset, shape, dtype, shard, [&](uint64_t at, uint64_t off, uint64_t len) {
+    if (st.ok()) st = write_run(src + at, len, off);
+  });
   return st;
 }
 

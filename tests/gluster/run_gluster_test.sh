@@ -17,6 +17,9 @@
 #              selects an older checkpoint that validates
 #   odirect    O_DIRECT refused at open (injected EINVAL): the save still succeeds, bit-identical
 #              to one written with O_DIRECT
+#   fullbrick  bricks of 24 MiB each (scripts/gluster.sh --brick-size) filled through a client: the
+#              next save fails on every rank with ENOSPC naming the checkpoint, nothing is committed,
+#              the last good checkpoint loads; once there is room again the next save commits
 # Usage: run_gluster_test.sh SOURCE_DIR H5CKPT_TRAIN H5CKPT_CLI CASE
 # Exit 77 (skipped) only when this machine cannot host a volume or the cluster (not root, no
 # /dev/fuse, GlusterFS not installed, no namespaces).
@@ -48,7 +51,9 @@ cleanup() {
 }
 trap cleanup EXIT
 rc=0
-GLUSTER_OWNER=$$ "$SRC/scripts/gluster.sh" start --dir "$VOL" --bricks 2 --clients 4 || rc=$?
+START_ARGS=(--bricks 2 --clients 4)
+[[ $CASE == fullbrick ]] && START_ARGS+=(--brick-size 24m)
+GLUSTER_OWNER=$$ "$SRC/scripts/gluster.sh" start --dir "$VOL" "${START_ARGS[@]}" || rc=$?
 ((rc == 125)) && skip "this machine cannot host a GlusterFS volume (see above)"
 ((rc == 0)) || fail "scripts/gluster.sh start exited $rc"
 
@@ -238,6 +243,41 @@ case $CASE in
     grep -q "with O_DIRECT" "$WORK/direct.log" || fail "the volume took no O_DIRECT write (nothing to compare)"
     ! grep -q "([1-9][0-9]* with O_DIRECT)" "$WORK/refused.log" || fail "O_DIRECT was used although its open was refused"
     "$CLI" diff "$C/refused" "$C/direct" >/dev/null || fail "the checkpoint saved without O_DIRECT differs"
+    ;;
+
+  fullbrick)
+    C=$SH/fb/c
+    mkdir -p "$C"
+    # shellcheck disable=SC2046
+    cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 1 --save-every 1 --ckpt-dir "$C" --quiet ||
+      fail "the first job failed"
+    [[ $(selected_step "$C") == 1 ]] || fail "step 1 is not selected before the bricks fill"
+    # Fill the volume through the caller's client until every brick refuses more (the volume places
+    # new files on the brick with room, so a few refusals in a row mean both are full).
+    k=0 refused=0
+    while ((refused < 4 && k < 100)); do
+      k=$((k + 1))
+      if dd if=/dev/zero of="$SH/fb/fill-$k" bs=1M count=8 status=none 2>/dev/null; then refused=0; else refused=$((refused + 1)); fi
+    done
+    ((refused >= 4)) || fail "the bricks never filled ($k files of 8 MiB written)"
+    say "bricks full after $k files: $(df -h --output=avail "$VOL"/bricks/b* | tr '\n' ' ')"
+    rc=0
+    # shellcheck disable=SC2046
+    cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 2 --save-every 1 --ckpt-dir "$C" --timeout-s 60 \
+      >"$WORK/full.log" 2>&1 || rc=$?
+    ((rc != 0)) || { cat "$WORK/full.log"; fail "the save succeeded on full bricks"; }
+    grep -q "step-00000002.*No space left on device" "$WORK/full.log" ||
+      { cat "$WORK/full.log"; fail "no error naming the checkpoint and 'No space left on device'"; }
+    grep "No space left on device" "$WORK/full.log" | head -n 2
+    rm -f "$SH"/fb/fill-*
+    sleep 1
+    [[ $(cat "$C/latest") == step-00000001 ]] || fail "latest is '$(cat "$C/latest")' after the failed save"
+    [[ ! -e $C/step-00000002 ]] || fail "step 2 was committed although its save failed"
+    [[ $(selected_step "$C") == 1 ]] || fail "the last good checkpoint (step 1) does not load after the failed save"
+    # shellcheck disable=SC2046
+    cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 2 --save-every 1 --ckpt-dir "$C" --quiet ||
+      fail "the save failed once the bricks had room again"
+    [[ $(selected_step "$C") == 2 ]] || fail "step 2 is not selected after it committed"
     ;;
 
   *) fail "unknown case '$CASE'" ;;

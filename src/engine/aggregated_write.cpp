@@ -1,0 +1,198 @@
+#include "engine/aggregated_write.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "comm/comm.h"
+#include "engine/two_phase.h"
+
+namespace h5ckpt::engine {
+
+namespace {
+
+constexpr int kTag = 31;                     // the only point-to-point traffic of the write phase
+constexpr uint64_t kDomainAlign = 1u << 20;  // domains start on MiB boundaries (blocks, stripes)
+constexpr uint64_t kMinWindow = 64;
+constexpr uint64_t kMaxWindow = 1ull << 30;  // keeps every block length below INT_MAX
+constexpr int kSlots = 2;                    // one window is received while the previous one is written
+constexpr int kPollMicros = 50;
+
+// A piece cut at domain and window boundaries: it goes to aggregator `agg`'s window `window`.
+struct Cut {
+  int agg;
+  uint64_t window;
+  uint64_t offset, length;
+  const char* src;
+};
+
+std::vector<Cut> cut_pieces(const two_phase::Geometry& g, const std::vector<WritePiece>& pieces) {
+  std::vector<Cut> cuts;
+  for (const WritePiece& p : pieces)
+    for (uint64_t off = p.offset, end = p.offset + p.length; off < end;) {
+      const uint64_t stop = std::min(end, g.next_cut(off));
+      cuts.push_back({g.owner(off), g.window_index(off), off, stop - off, p.src + (off - p.offset)});
+      off = stop;
+    }
+  // Offset order puts each (aggregator, window) together, the order both sides build messages in.
+  std::stable_sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
+  return cuts;
+}
+
+// What an aggregator does with one window of its domain.
+struct WindowPlan {
+  uint64_t begin = 0;                                      // file offset of buffer byte 0
+  std::map<int, two_phase::Blocks> receives;               // rank -> buffer blocks
+  std::vector<std::pair<uint64_t, uint64_t>> extents;      // file offset, length of every piece
+  std::vector<std::pair<uint64_t, const Cut*>> local;      // buffer offset -> my own cut
+  std::vector<std::pair<uint64_t, uint64_t>> spans;        // writes: file offset, length
+};
+
+std::vector<WindowPlan> plan_windows(const two_phase::Geometry& g, int me,
+                                     const std::vector<std::vector<uint64_t>>& sent, const std::vector<Cut>& mine) {
+  std::map<uint64_t, WindowPlan> by_window;
+  auto window = [&](uint64_t off) -> WindowPlan& {
+    const uint64_t k = g.window_index(off);
+    WindowPlan& w = by_window[k];
+    w.begin = g.window_begin(me, k);
+    return w;
+  };
+  for (size_t r = 0; r < sent.size(); ++r) {
+    if (static_cast<int>(r) == me) continue;
+    for (size_t i = 0; i + 1 < sent[r].size(); i += 2) {
+      const uint64_t off = sent[r][i], len = sent[r][i + 1];
+      WindowPlan& w = window(off);
+      w.receives[static_cast<int>(r)].push_back({static_cast<MPI_Aint>(off - w.begin), len});
+      w.extents.push_back({off, len});
+    }
+  }
+  for (const Cut& c : mine)
+    if (c.agg == me) {
+      WindowPlan& w = window(c.offset);
+      w.local.push_back({c.offset - w.begin, &c});
+      w.extents.push_back({c.offset, c.length});
+    }
+  std::vector<WindowPlan> plans;
+  for (auto& [k, w] : by_window) {
+    // Only pieces that touch are merged: a hole belongs to a write outside the aggregation.
+    std::sort(w.extents.begin(), w.extents.end());
+    for (const auto& [off, len] : w.extents) {
+      if (!w.spans.empty() && w.spans.back().first + w.spans.back().second == off) w.spans.back().second += len;
+      else w.spans.push_back({off, len});
+    }
+    plans.push_back(std::move(w));
+  }
+  return plans;
+}
+
+void keep_first(Status& local, const Status& st) {
+  if (local.ok() && !st.ok()) local = st;
+}
+
+}  // namespace
+
+Result<AggregatedWriteReport> aggregated_write(MPI_Comm comm, std::vector<WritePiece> pieces, uint64_t window_bytes,
+                                               char* slots, const WriteBytes& write) {
+  AggregatedWriteReport report;
+  int me = 0, n = 1;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &n);
+  pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const WritePiece& p) { return p.length == 0; }),
+               pieces.end());
+  std::sort(pieces.begin(), pieces.end(), [](const WritePiece& a, const WritePiece& b) { return a.offset < b.offset; });
+
+  // The span every rank writes, cut into n domains.
+  constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
+  uint64_t ext[2] = {pieces.empty() ? 0 : kNone - pieces.front().offset, 0};  // max of (kNone - lo) = min lo
+  for (const WritePiece& p : pieces) ext[1] = std::max(ext[1], p.offset + p.length);
+  uint64_t all[2] = {0, 0};
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(
+      comm::mpi_status(MPI_Iallreduce(ext, all, 2, MPI_UINT64_T, MPI_MAX, comm, &req), "MPI_Iallreduce"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated write (extent)", comm));
+  if (all[1] == 0) return report;  // nobody writes anything
+  const two_phase::Geometry g = two_phase::make_geometry(
+      kNone - all[0], all[1], n, std::clamp<uint64_t>(window_bytes, kMinWindow, kMaxWindow), kDomainAlign);
+
+  // Tell each aggregator which file bytes of its domain this rank sends.
+  const std::vector<Cut> cuts = cut_pieces(g, pieces);
+  std::vector<int> send_counts(n, 0), recv_counts(n, 0), sdispl(n, 0), rdispl(n, 0);
+  for (const Cut& c : cuts) send_counts[c.agg] += 2;
+  std::vector<uint64_t> sendbuf;
+  sendbuf.reserve(cuts.size() * 2);
+  for (const Cut& c : cuts) {
+    sendbuf.push_back(c.offset);
+    sendbuf.push_back(c.length);
+  }
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
+      MPI_Ialltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm, &req), "MPI_Ialltoall"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated write (piece counts)", comm));
+  for (int r = 1; r < n; ++r) {
+    sdispl[r] = sdispl[r - 1] + send_counts[r - 1];
+    rdispl[r] = rdispl[r - 1] + recv_counts[r - 1];
+  }
+  std::vector<uint64_t> recvbuf(static_cast<size_t>(rdispl[n - 1]) + recv_counts[n - 1]);
+  H5CKPT_RETURN_IF_ERROR(
+      comm::mpi_status(MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(), MPI_UINT64_T, recvbuf.data(),
+                                      recv_counts.data(), rdispl.data(), MPI_UINT64_T, comm, &req),
+                       "MPI_Ialltoallv"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated write (pieces)", comm));
+  std::vector<std::vector<uint64_t>> sent(n);
+  for (int r = 0; r < n; ++r) sent[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
+  const std::vector<WindowPlan> plans = plan_windows(g, me, sent, cuts);
+
+  // Every send goes out now, straight from the sources, in (aggregator, window) order: each
+  // aggregator receives its windows in that order, and MPI keeps messages between two ranks in
+  // order. The sources stay valid until this call returns.
+  Status local;
+  std::vector<MPI_Request> sends;
+  for (size_t i = 0; i < cuts.size();) {
+    size_t j = i;
+    two_phase::Blocks blocks;
+    for (; j < cuts.size() && cuts[j].agg == cuts[i].agg && cuts[j].window == cuts[i].window; ++j) {
+      MPI_Aint addr = 0;
+      MPI_Get_address(cuts[j].src, &addr);
+      blocks.push_back({addr, cuts[j].length});
+    }
+    if (cuts[i].agg != me) {
+      keep_first(local, two_phase::post(true, nullptr, blocks, cuts[i].agg, kTag, comm, sends));
+      for (const auto& b : blocks) report.bytes_sent += b.second;
+    }
+    i = j;
+  }
+
+  // Receive window j + 1 while window j is written.
+  std::vector<MPI_Request> receives[kSlots];
+  auto post_receives = [&](size_t j) {
+    char* slot = slots + (j % kSlots) * g.window;
+    for (const auto& [rank, blocks] : plans[j].receives) {
+      keep_first(local, two_phase::post(false, slot, blocks, rank, kTag, comm, receives[j % kSlots]));
+      for (const auto& b : blocks) report.bytes_received += b.second;
+    }
+  };
+  if (!plans.empty() && !slots) keep_first(local, Status(ErrorCode::kInternal, "no write window buffers"));
+  if (!plans.empty() && slots) post_receives(0);
+  for (size_t j = 0; j < plans.size() && slots; ++j) {
+    auto& mine = receives[j % kSlots];
+    keep_first(local, comm::wait_asleep(static_cast<int>(mine.size()), mine.data(), kPollMicros,
+                                        "aggregated write (window receives)", comm));
+    mine.clear();
+    if (j + 1 < plans.size()) post_receives(j + 1);
+    char* slot = slots + (j % kSlots) * g.window;
+    for (const auto& [at, cut] : plans[j].local) std::memcpy(slot + at, cut->src, cut->length);
+    for (const auto& [off, len] : plans[j].spans) {
+      if (!local.ok()) break;  // keep receiving: the senders still send, so nobody waits forever
+      local = write(slot + (off - plans[j].begin), len, off);
+      report.bytes_written += len;
+      ++report.spans;
+    }
+    ++report.windows;
+  }
+  keep_first(local, comm::wait_asleep(static_cast<int>(sends.size()), sends.data(), kPollMicros,
+                                      "aggregated write (sends)", comm));
+  if (!local.ok()) return local;
+  return report;
+}
+
+}  // namespace h5ckpt::engine

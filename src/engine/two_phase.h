@@ -1,0 +1,85 @@
+// What two-phase reads (aggregated_read) and writes (aggregated_write) share: the file span cut
+// into one domain per rank and each domain into windows, by the same arithmetic on every rank
+// (senders and receivers cut pieces at the same offsets without telling each other), and
+// point-to-point messages of many blocks as one MPI datatype.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.h"
+#include "h5ckpt/status.h"
+
+namespace h5ckpt::engine::two_phase {
+
+struct Geometry {
+  uint64_t lo = 0, domain = 1, window = 1;
+  int owner(uint64_t off) const { return static_cast<int>((off - lo) / domain); }
+  uint64_t domain_begin(int a) const { return lo + static_cast<uint64_t>(a) * domain; }
+  uint64_t window_index(uint64_t off) const { return (off - domain_begin(owner(off))) / window; }
+  uint64_t window_begin(int a, uint64_t k) const { return domain_begin(a) + k * window; }
+  uint64_t next_cut(uint64_t off) const {
+    const int a = owner(off);
+    return std::min(domain_begin(a) + domain, window_begin(a, window_index(off)) + window);
+  }
+};
+
+/// The geometry of the byte span [lo, hi) over `ranks` domains: domains start on multiples of
+/// min(align, window) (blocks, stripes), windows are at most a domain.
+inline Geometry make_geometry(uint64_t lo, uint64_t hi, int ranks, uint64_t window, uint64_t align) {
+  Geometry g;
+  g.window = window;
+  align = std::min(align, g.window);
+  g.lo = lo / align * align;
+  const uint64_t share = (hi - g.lo + ranks - 1) / static_cast<uint64_t>(ranks);
+  g.domain = std::max<uint64_t>(1, (share + align - 1) / align * align);
+  g.window = std::min(g.window, g.domain);
+  return g;
+}
+
+/// Blocks of a message: (displacement from a base, or an address when the base is null; length).
+using Blocks = std::vector<std::pair<MPI_Aint, uint64_t>>;
+
+/// Posts one send or receive of `blocks` on `tag`: plain bytes when it is one block (MPI copies
+/// it once between processes), else an hindexed type freed at once (MPI keeps it alive for the
+/// request). Every block must be below INT_MAX bytes.
+inline Status post(bool send, char* base, const Blocks& blocks, int peer, int tag, MPI_Comm comm,
+                   std::vector<MPI_Request>& reqs) {
+  void* buf = nullptr;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  if (blocks.size() == 1) {
+    buf = base ? base + blocks[0].first : reinterpret_cast<char*>(blocks[0].first);
+    count = static_cast<int>(blocks[0].second);
+  } else {
+    std::vector<int> lengths;
+    std::vector<MPI_Aint> displs;
+    lengths.reserve(blocks.size());
+    displs.reserve(blocks.size());
+    for (const auto& [d, n] : blocks) {
+      displs.push_back(d);
+      lengths.push_back(static_cast<int>(n));
+    }
+    H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
+        MPI_Type_create_hindexed(static_cast<int>(blocks.size()), lengths.data(), displs.data(), MPI_BYTE, &type),
+        "MPI_Type_create_hindexed"));
+    if (Status st = comm::mpi_status(MPI_Type_commit(&type), "MPI_Type_commit"); !st.ok()) {
+      MPI_Type_free(&type);
+      return st;
+    }
+    buf = base ? base : MPI_BOTTOM;
+    count = 1;
+  }
+  MPI_Request r = MPI_REQUEST_NULL;
+  const int rc = send ? MPI_Isend(buf, count, type, peer, tag, comm, &r) : MPI_Irecv(buf, count, type, peer, tag, comm, &r);
+  if (type != MPI_BYTE) MPI_Type_free(&type);
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv"));
+  reqs.push_back(r);
+  return Status::Ok();
+}
+
+}  // namespace h5ckpt::engine::two_phase
