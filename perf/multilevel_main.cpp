@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -164,29 +165,26 @@ int main(int argc, char** argv) {
       t[std::string(level) + "_total_s"].push_back(max_all(total));
       t[std::string(level) + "_save_overhead_mib"].push_back(max_all(mib(ck.memory_peak_bytes())));
     }
-    // A local load with every node's disk intact (each rank reads mostly its own node's files).
-    {
-      workload::Workload into(cfg, topo);
-      StateDict load_sd;
+    // A load of the local checkpoint of this step into a fresh state, timed with its own memory.
+    std::optional<workload::Workload> into;
+    StateDict load_sd;
+    auto local_load = [&](const char* what, const char* time_key, const char* mib_key) {
+      load_sd = StateDict();
+      into.emplace(cfg, topo);
       auto info = check(local_ck.resolve(shared), "resolve");
-      if (info.level != "local") die("the local load did not come from the local level: " + info.reason);
-      if (Status st = into.stage_load(load_sd, info.info); !st.ok()) die(st.to_string());
+      if (info.level != "local") die(std::string(what) + " did not come from the local level: " + info.reason);
+      if (Status st = into->stage_load(load_sd, info.info); !st.ok()) die(st.to_string());
       local_ck.reset_memory_peak();
-      t["local_load_s"].push_back(
-          timed([&] { check(local_ck.load(load_sd, shared + "/local-" + std::to_string(step)), "local load"); }));
-      t["local_load_overhead_mib"].push_back(max_all(mib(local_ck.memory_peak_bytes())));
-    }
+      t[time_key].push_back(
+          timed([&] { check(local_ck.load(load_sd, shared + "/local-" + std::to_string(step)), what); }));
+      t[mib_key].push_back(max_all(mib(local_ck.memory_peak_bytes())));
+    };
+    // Every node's disk intact: each rank reads mostly its own node's files.
+    local_load("the local load", "local_load_s", "local_load_overhead_mib");
     // Recovery: the last node's disk is lost; its ranks' bytes come from the partner copies.
     if (g_rank == nodes->members.back().front()) fs::remove_all(my_local + "/local-" + std::to_string(step));
     MPI_Barrier(MPI_COMM_WORLD);
-    workload::Workload into(cfg, topo);
-    StateDict load_sd;
-    auto info = check(local_ck.resolve(shared), "resolve");
-    if (info.level != "local") die("recovery did not come from the local level: " + info.reason);
-    if (Status st = into.stage_load(load_sd, info.info); !st.ok()) die(st.to_string());
-    local_ck.reset_memory_peak();
-    t["recover_local_s"].push_back(timed([&] { check(local_ck.load(load_sd, shared + "/local-" + std::to_string(step)), "local load"); }));
-    t["recover_overhead_mib"].push_back(max_all(mib(local_ck.memory_peak_bytes())));
+    local_load("recovery", "recover_local_s", "recover_overhead_mib");
     t["load_shared_s"].push_back(
         timed([&] { check(shared_ck.load(load_sd, shared + "/shared-" + std::to_string(step)), "shared load"); }));
     if (g_rank == 0) {
