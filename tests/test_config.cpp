@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "h5ckpt/config.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 
 extern char** environ;
 
@@ -362,14 +362,14 @@ TEST_F(ConfigTest, PrecedenceDefaultsFileEnvironmentCode) {
 TEST_F(ConfigTest, LogLevelReachesTheLibraryLogger) {
   const std::string file = write("l.toml", "[logging]\nlevel = \"debug\"\n");
   ASSERT_TRUE(resolve_config(file).ok());
-  EXPECT_EQ(metrics::log().level(), spdlog::level::debug);
+  EXPECT_EQ(logging::log().level(), spdlog::level::debug);
   setenv("H5CKPT_LOG_LEVEL", "critical", 1);  // env over file
   ASSERT_TRUE(resolve_config(file).ok());
-  EXPECT_EQ(metrics::log().level(), spdlog::level::critical);
+  EXPECT_EQ(logging::log().level(), spdlog::level::critical);
   ASSERT_TRUE(set_log_level("info").ok());  // in code
-  EXPECT_EQ(metrics::log().level(), spdlog::level::info);
+  EXPECT_EQ(logging::log().level(), spdlog::level::info);
   expect_error(set_log_level("chatty"), ErrorCode::kInvalidArgument, {"chatty"});
-  EXPECT_EQ(metrics::log().level(), spdlog::level::info);
+  EXPECT_EQ(logging::log().level(), spdlog::level::info);
   ASSERT_TRUE(set_log_level("warn").ok());
 }
 

@@ -13,7 +13,7 @@
 #include "engine/level.h"
 #include "engine/memory_budget.h"
 #include "storage/auth.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 
 namespace h5ckpt {
 
@@ -113,7 +113,7 @@ Result<SaveHandle> Checkpointer::save_async(const StateDict& state, const std::s
   if (level < MPI_THREAD_MULTIPLE && impl_->options.async) {
     static std::once_flag warned;
     std::call_once(warned, [] {
-      metrics::log().warn("MPI was not initialized with MPI_THREAD_MULTIPLE: save_async runs synchronously");
+      logging::log().warn("MPI was not initialized with MPI_THREAD_MULTIPLE: save_async runs synchronously");
     });
   }
   if (!impl_->options.async || level < MPI_THREAD_MULTIPLE) {  // same call, synchronous

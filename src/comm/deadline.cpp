@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "util/phase.h"
 
 namespace h5ckpt::comm {
@@ -216,7 +216,7 @@ void expire(const char* what, MPI_Comm comm, const Deadline& deadline, bool join
   const double waited = std::chrono::duration<double>(Clock::now() - deadline.started()).count();
   const MPI_Comm side = side_of(comm);
   const std::string absent = side != MPI_COMM_NULL ? absent_ranks(side) : std::string("unknown");
-  auto& log = metrics::log();
+  auto& log = logging::log();
   const std::string how = joined ? ": a peer's deadline passed while this rank waited" : " not complete after";
   log.critical("timeout in {}: {}{} {:.1f} s (timeout_s={:g}); rank(s) that did not arrive: {}; aborting the job",
                where, what, how, waited, deadline.seconds(), absent);

@@ -14,7 +14,7 @@
 #include <toml++/toml.h>
 #include <variant>
 
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "storage/mpi_hints.h"
 
 extern char** environ;
@@ -507,7 +507,7 @@ Status apply_env(Config& config) {
     if (std::find(ours.begin(), ours.end(), name) != ours.end()) continue;
     for (const auto& o : ours)
       if (edit_distance(name, o) <= 2 && is_rank0()) {
-        metrics::log().warn("environment variable {} is not an h5ckpt setting (did you mean {}?); ignored", name, o);
+        logging::log().warn("environment variable {} is not an h5ckpt setting (did you mean {}?); ignored", name, o);
         break;
       }
   }
@@ -520,7 +520,7 @@ Status set_log_level(const std::string& level) {
   if (!log_level_from(level, &lv))
     return Status(ErrorCode::kInvalidArgument,
                   "unknown log level \"" + level + "\" (expected " + kind_expectation(Kind::kLogLevel) + ")");
-  metrics::log().set_level(lv);
+  logging::log().set_level(lv);
   return Status::Ok();
 }
 

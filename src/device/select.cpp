@@ -4,7 +4,7 @@
 #include <mutex>
 
 #include "device/staging.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 
 #ifdef H5CKPT_HAVE_CUDA
 #include "device/cuda/cuda_backend.h"

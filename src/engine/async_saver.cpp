@@ -6,7 +6,7 @@
 
 #include "api/handle_access.h"
 #include "device/staging.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "storage/commit.h"
 #include "util/phase.h"
 #include "util/stream_copy.h"
@@ -14,7 +14,7 @@
 
 namespace h5ckpt::engine {
 
-using metrics::now_s;
+using logging::now_s;
 
 namespace {
 
@@ -287,16 +287,16 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   }
   source->close();
   if (!staged) {
-    metrics::log().warn("could not allocate {} bytes of staging: this rank's part of the save ran synchronously",
+    logging::log().warn("could not allocate {} bytes of staging: this rank's part of the save ran synchronously",
                         wanted);
     source->wait_drained();
   }
   if (blocked)
-    metrics::log().warn(
+    logging::log().warn(
         "staging pool of {} bytes could not hold this save: {} bytes were snapshotted only after "
         "waiting for the writer",
         pool_.capacity(), blocked);
-  metrics::log().info("save_async '{}': snapshot {:.3f}s after {:.3f}s of planning", path, now_s() - t_snap,
+  logging::log().info("save_async '{}': snapshot {:.3f}s after {:.3f}s of planning", path, now_s() - t_snap,
                       t_snap - job->t0);
   return detail::SaveHandleAccess::make(st);
 }

@@ -19,7 +19,7 @@
 #include "engine/engine.h"
 #include "engine/memory_budget.h"
 #include "engine/pieces.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "metrics/report.h"
 #include "planner/box_math.h"
 #include "storage/commit.h"
@@ -35,7 +35,7 @@
 namespace h5ckpt::engine {
 
 namespace fs = std::filesystem;
-using metrics::now_s;
+using logging::now_s;
 using planner::ReadItem;
 using planner::Role;
 
@@ -389,7 +389,7 @@ Status link_devices(LoadRun& run) {
     if (!have) {
       link.transport.reset();
       if (run.coordinator())
-        metrics::log().warn("no device transport ({}): device replicas are exchanged over MPI through host memory",
+        logging::log().warn("no device transport ({}): device replicas are exchanged over MPI through host memory",
                             why.empty() ? "another rank has none" : why);
     }
   }
@@ -884,9 +884,9 @@ LoadReport finish(LoadRun& run) {
     const Status st = metrics::write_metrics(run.topo, "load", report.path,
                                              metrics::metrics_path(report.path, "load", run.copts.metrics_dir),
                                              metrics::from_report(report));
-    if (!st.ok()) metrics::log().warn("could not write load metrics: {}", st.to_string());
+    if (!st.ok()) logging::log().warn("could not write load metrics: {}", st.to_string());
   }
-  metrics::log().info("loaded '{}': read {} bytes, sent {}, received {}: plan {:.3f}s{} read {:.3f}s exchange {:.3f}s",
+  logging::log().info("loaded '{}': read {} bytes, sent {}, received {}: plan {:.3f}s{} read {:.3f}s exchange {:.3f}s",
                       report.path, report.bytes_read, report.bytes_sent, report.bytes_received, report.plan_s,
                       report.plan_cached ? " (cached)" : "", report.read_s, report.exchange_s);
   return std::move(report);

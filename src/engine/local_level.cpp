@@ -17,7 +17,7 @@
 #include "comm/deadline.h"
 #include "device/staging.h"
 #include "engine/pieces.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "planner/box_math.h"
 #include "storage/commit.h"
 #include "storage/posix_io.h"
@@ -28,7 +28,7 @@
 namespace h5ckpt::engine::local {
 
 namespace fs = std::filesystem;
-using metrics::now_s;
+using logging::now_s;
 
 namespace {
 
@@ -576,7 +576,7 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
   report.level = "local";
   report.bytes_total = 0;
   for (const auto& t : *job.plan) report.bytes_total += t.nbytes();
-  metrics::log().info("local save '{}' committed: {} bytes here, {} bytes of replicas received, write {:.3f}s "
+  logging::log().info("local save '{}' committed: {} bytes here, {} bytes of replicas received, write {:.3f}s "
                       "replicas {:.3f}s commit {:.3f}s",
                       final_dir, file.bytes, received, report.write_s, report.replicate_s, report.commit_s);
   if (!local.persist) {
@@ -763,7 +763,7 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
         if (!why.empty()) reason += ": " + why;
         else if (order.empty()) reason += ": no local checkpoint for it on any node";
         else reason += ": it is at least as new as every local checkpoint";
-        metrics::log().info("load of '{}' reads the {}", path, reason);
+        logging::log().info("load of '{}' reads the {}", path, reason);
         w.put<uint64_t>(0), w.put_string(reason), w.put_string(shared.ok() ? shared->path : std::string());
         if (!shared.ok()) choice = shared.status().with_context(reason);  // every rank returns it
       }
@@ -812,7 +812,7 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
       const std::string f = (fs::path(res.dir) / storage::local_rank_file(static_cast<int>(s))).string();
       auto sum = storage::file_xxh3(f, m->files[s].bytes);
       if (!sum.ok() || *sum != m->files[s].xxh3) {
-        metrics::log().warn("local checkpoint file '{}' fails its check ({}): served from another copy if any", f,
+        logging::log().warn("local checkpoint file '{}' fails its check ({}): served from another copy if any", f,
                             sum.ok() ? "checksum mismatch" : sum.status().to_string());
         failed.push_back(static_cast<int>(s));
       }
@@ -832,7 +832,7 @@ Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, 
     std::string flag = again ? "1" : "0";
     H5CKPT_RETURN_IF_ERROR(topo.bcast(flag));
     if (flag == "1") continue;  // choose again without the files that failed
-    if (coordinator) metrics::log().info("load of '{}' reads the {}", path, res.reason);
+    if (coordinator) logging::log().info("load of '{}' reads the {}", path, res.reason);
     res.manifest = std::move(m).value();
     res.tensors = std::move(tensors).value();
     res.info = storage::local_info(res.manifest, res.tensors, res.dir);
@@ -1222,7 +1222,7 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   if (Status a = comm::agree(st, world); !a.ok()) return fail(a);
   report.exchange_s = now_s() - t_x;
   report.total_s = now_s() - t0;
-  metrics::log().info("loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s (requests "
+  logging::log().info("loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s (requests "
                       "{:.3f}s, reads and transfers {:.3f}s, unpacking {:.3f}s)",
                       res.dir, report.bytes_read, report.bytes_received, report.total_s, report.plan_s, report.read_s,
                       report.exchange_s);

@@ -17,7 +17,7 @@
 #include "engine/aggregated_write.h"
 #include "engine/engine.h"
 #include "engine/pieces.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "metrics/report.h"
 #include "storage/checkpoint_commit.h"
 #include "storage/verify_blocks.h"
@@ -33,7 +33,7 @@
 namespace h5ckpt::engine {
 
 namespace fs = std::filesystem;
-using metrics::now_s;
+using logging::now_s;
 
 Status check_item_buffer(const StateItem& item) {
   if (is_multi_piece(item)) return check_pieces(item);  // each piece as an item of its own
@@ -578,7 +578,7 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
   const double t_synced = now_s();
   if (Status a = comm::agree(local, world); !a.ok()) return fail(a);
   const double t_write = now_s();
-  metrics::log().debug(
+  logging::log().debug(
       "write phase: create {:.3f}s, pieces {:.3f}s, aggregated {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s, "
       "{} write calls",
       t_created - t0, t_pieces - t_created, t_aggregated - t_pieces, t_synced - t_aggregated, t_write - t_synced,
@@ -631,7 +631,7 @@ Result<SaveReport> save_commit(const Topology::Impl& comms, SaveJob& job, const 
   report.commit_s = t_end - t0;
   report.total_s = t_end - job.t0;
   record_metrics(comms, copts, report);
-  metrics::log().info(
+  logging::log().info(
       "saved '{}': {} bytes written here ({} with O_DIRECT), plan {:.3f}s{} write {:.3f}s commit {:.3f}s", report.path,
       report.bytes_written, report.bytes_direct, report.plan_s, report.plan_cached ? " (cached)" : "", report.write_s,
       report.commit_s);
@@ -642,7 +642,7 @@ void record_metrics(const Topology::Impl& comms, const CheckpointerOptions& copt
   if (!copts.metrics) return;
   const Status st = metrics::write_metrics(
       comms, "save", r.path, metrics::metrics_path(r.path, "save", copts.metrics_dir), metrics::from_report(r));
-  if (!st.ok()) metrics::log().warn("could not write save metrics: {}", st.to_string());
+  if (!st.ok()) logging::log().warn("could not write save metrics: {}", st.to_string());
 }
 
 }  // namespace h5ckpt::engine

@@ -19,7 +19,7 @@
 #include "engine/pieces.h"
 #include "engine/wire.h"
 #include "h5ckpt/transfer.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "metrics/report.h"
 #include "planner/box_math.h"
 #include "planner/transfer_planner.h"
@@ -47,7 +47,7 @@ void set_transfer_fault_for_testing(int src_rank, const std::string& key) {
 
 namespace {
 
-using metrics::now_s;
+using logging::now_s;
 using planner::TransferPiece;
 
 constexpr int kSumTag = 0x7101;
@@ -616,7 +616,7 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
   }
   version = options.version;
   report.total_s = now_s() - t0;
-  metrics::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}",
+  logging::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}",
                        options.version, report.bytes_sent, report.bytes_received, report.bytes_total,
                        report.blocks_received, report.blocks_total, report.delta ? " (delta)" : "");
   return report;

@@ -19,7 +19,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "storage/metadata.h"
 #include "storage/posix_io.h"
 #include "storage/region_reader.h"
@@ -195,7 +195,7 @@ Status publish_dir(const std::string& temp, const std::string& final_dir, bool o
       H5CKPT_RETURN_IF_ERROR(fsync_path(parent));
       // The new checkpoint is in place; a leftover old copy is only litter (removed by a later save).
       if (Status st = remove_tree(temp); !st.ok())
-        metrics::log().warn("overwrote '{}', but the old copy stays: {}", final_dir, st.to_string());
+        logging::log().warn("overwrote '{}', but the old copy stays: {}", final_dir, st.to_string());
       return Status::Ok();
     }
     if (!exchange_unsupported(errno))
@@ -215,7 +215,7 @@ Status publish_dir(const std::string& temp, const std::string& final_dir, bool o
   }
   H5CKPT_RETURN_IF_ERROR(fsync_path(parent));
   if (Status st = remove_tree(aside); !st.ok())
-    metrics::log().warn("overwrote '{}', but the old copy stays: {}", final_dir, st.to_string());
+    logging::log().warn("overwrote '{}', but the old copy stays: {}", final_dir, st.to_string());
   return Status::Ok();
 }
 
@@ -347,7 +347,7 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
     // which file the name holds now; wait until the cache agrees (or the timeout passes).
     if (!revalidate || listed_inode(root, kLatestFileName) == fsb.st_ino) break;
     if (waited_ms >= kLatestRevalidateMs) {
-      metrics::log().warn("'{}': the client's cached 'latest' still differs from the server's listing after {} ms; "
+      logging::log().warn("'{}': the client's cached 'latest' still differs from the server's listing after {} ms; "
                           "using what it reads",
                           path, waited_ms);
       break;
@@ -479,7 +479,7 @@ Result<std::string> select_in_directory(const std::string& root) {
       rejected += (rejected.empty() ? "" : "; ") + c.name + ": " + st.message();
       continue;
     }
-    metrics::log().warn("'{}': {}; selected '{}' (step {}), the newest checkpoint there that validates{}", root,
+    logging::log().warn("'{}': {}; selected '{}' (step {}), the newest checkpoint there that validates{}", root,
                         problem, c.name, c.step, rejected.empty() ? "" : " (skipped " + rejected + ")");
     return dir;
   }
@@ -557,7 +557,7 @@ Result<int> lock_file(const std::string& lock_path, const std::string& dir) {
       io::close(fd);
       return io::error("flock", lock_path, err);
     }
-    metrics::log().warn("'{}': the file system does not support flock ({}); concurrent saves are not detected",
+    logging::log().warn("'{}': the file system does not support flock ({}); concurrent saves are not detected",
                         lock_path, std::strerror(err));
     return fd;
   }

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <memory>
 
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "planner/box_math.h"
 #include "storage/posix_io.h"
 
@@ -122,7 +122,7 @@ Status DirectWriter::write_direct(const char* p, uint64_t len, uint64_t off) {
     ++write_calls_;
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EINVAL) {  // the file system refuses O_DIRECT here: page cache from now on
-      metrics::log().debug("O_DIRECT write refused on '{}': using buffered writes", path_);
+      logging::log().debug("O_DIRECT write refused on '{}': using buffered writes", path_);
       io::close(direct_fd_);
       direct_fd_ = -1;
       return pwrite_all(fd_, p, len, off);

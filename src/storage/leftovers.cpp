@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "storage/commit.h"
 #include "storage/posix_io.h"
 
@@ -20,7 +20,7 @@ int remove_leftover_temps(const std::string& committed_dir) {
   std::vector<std::string> found;  // listed first: removing while iterating is unspecified
   for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec))
     if (is_temp_name(it->path().filename().string())) found.push_back(it->path().filename().string());
-  if (ec) metrics::log().warn("could not list '{}' for leftovers of failed saves: {}", parent.string(), ec.message());
+  if (ec) logging::log().warn("could not list '{}' for leftovers of failed saves: {}", parent.string(), ec.message());
   int removed = 0;
   for (const std::string& name : found) {
     const std::string suffix = ".old";
@@ -31,9 +31,9 @@ int remove_leftover_temps(const std::string& committed_dir) {
     }
     const std::string path = (parent / name).string();
     if (io::remove_all(path) == 0) ++removed;
-    else metrics::log().warn("could not remove leftover: {}", io::error("remove", path, errno).message());
+    else logging::log().warn("could not remove leftover: {}", io::error("remove", path, errno).message());
   }
-  if (removed) metrics::log().info("removed {} leftover temporary directories in '{}'", removed, parent.string());
+  if (removed) logging::log().info("removed {} leftover temporary directories in '{}'", removed, parent.string());
   return removed;
 }
 

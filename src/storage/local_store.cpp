@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "storage/commit.h"
 #include "storage/posix_io.h"
 #include "storage/signed_json.h"
@@ -155,12 +155,12 @@ std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std
     auto bytes = read_whole_file((fs::path(cdir) / kLocalManifestName).string(), 1ull << 34);
     if (!bytes.ok()) {
       if (bytes.status().code() != ErrorCode::kNotFound)
-        metrics::log().warn("local checkpoint '{}' skipped: {}", cdir, bytes.status().to_string());
+        logging::log().warn("local checkpoint '{}' skipped: {}", cdir, bytes.status().to_string());
       continue;
     }
     auto m = decode_local_manifest(*bytes);
     if (!m.ok()) {
-      metrics::log().warn("local checkpoint '{}' skipped: {}", cdir, m.status().to_string());
+      logging::log().warn("local checkpoint '{}' skipped: {}", cdir, m.status().to_string());
       continue;
     }
     if (!want.empty() && m->shared_path != want && m->parent() != want) continue;
@@ -212,9 +212,9 @@ void retain_local(const std::string& dir, int64_t keep, const std::string& keep_
       continue;
     }
     if (Status st = remove_tree(e.dir); !st.ok())
-      metrics::log().warn("local retention: could not delete '{}': {}", e.dir, st.to_string());
+      logging::log().warn("local retention: could not delete '{}': {}", e.dir, st.to_string());
     else
-      metrics::log().info("local retention: deleted '{}' (step {})", e.dir, e.step);
+      logging::log().info("local retention: deleted '{}' (step {})", e.dir, e.step);
   }
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {

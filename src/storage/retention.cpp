@@ -11,7 +11,7 @@
 #include <set>
 
 #include "h5ckpt/checkpoint_info.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 #include "storage/commit.h"
 #include "storage/posix_io.h"
 
@@ -78,13 +78,13 @@ Result<RetentionOutcome> apply_retention(const std::string& root, int64_t keep_l
       outcome.deleted.push_back(name);
       continue;
     }
-    metrics::log().warn("retention: could not delete '{}': {}", dir, st.to_string());
+    logging::log().warn("retention: could not delete '{}': {}", dir, st.to_string());
     if (first.ok()) first = st.with_context("deleting old checkpoint '" + dir + "'");
   }
   if (!outcome.deleted.empty()) (void)fsync_path(root);
   if (!first.ok() && outcome.deleted.empty()) return first;
   if (!outcome.deleted.empty())
-    metrics::log().info("retention in '{}': deleted {} old checkpoint(s), {} kept", root, outcome.deleted.size(),
+    logging::log().info("retention in '{}': deleted {} old checkpoint(s), {} kept", root, outcome.deleted.size(),
                         outcome.kept.size());
   return outcome;
 }
@@ -95,7 +95,7 @@ void retain_after_save(const std::string& saved_dir, int64_t keep_last, int64_t 
   if (dir.filename().empty()) dir = dir.parent_path();
   const std::string root = dir.parent_path().empty() ? "." : dir.parent_path().string();
   auto done = apply_retention(root, keep_last, keep_every, {dir.filename().string()}, false);
-  if (!done.ok()) metrics::log().warn("retention after saving '{}': {}", saved_dir, done.status().to_string());
+  if (!done.ok()) logging::log().warn("retention after saving '{}': {}", saved_dir, done.status().to_string());
 }
 
 }  // namespace h5ckpt::storage

@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "device/cuda/cuda_backend.h"
-#include "metrics/log.h"
+#include "logging/log.h"
 
 namespace h5ckpt::device::cuda {
 
@@ -52,7 +52,7 @@ void* CudaStaging::alloc_host(size_t bytes) {
   void* p = nullptr;
   if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess) return p;
   cudaGetLastError();
-  metrics::log().warn("cudaHostAlloc of {} bytes failed: staging in pageable memory (slower copies)", bytes);
+  logging::log().warn("cudaHostAlloc of {} bytes failed: staging in pageable memory (slower copies)", bytes);
   p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   std::lock_guard<std::mutex> lock(mu_);
   if (p) pageable_.insert(p);

@@ -1,4 +1,4 @@
-#include "metrics/log.h"
+#include "logging/log.h"
 
 #include <mpi.h>
 
@@ -7,7 +7,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <string>
 
-namespace h5ckpt::metrics {
+namespace h5ckpt::logging {
 
 spdlog::logger& log() {
   static std::shared_ptr<spdlog::logger> logger;
@@ -29,4 +29,4 @@ spdlog::logger& log() {
   return *logger;
 }
 
-}  // namespace h5ckpt::metrics
+}  // namespace h5ckpt::logging
