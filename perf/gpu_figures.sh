@@ -5,7 +5,7 @@
 # planning CPU. One JSON summary line per run goes to $OUT (the device tool's folder) or ./gpu-figures.
 #   here:  scripts/gpu_bundle.sh
 #   there: run(command="perf/gpu_figures.sh", carry=[".gpu"])
-# REPEATS (default 3) and RUNS (default "np1 np4 np8 cuda scale") trim it to the time at hand.
+# REPEATS (default 3) and RUNS (default "np1 np4 np4off np8 cuda scale") trim it to the time at hand.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . .gpu/env.sh
@@ -24,10 +24,12 @@ bench() {  # bench NAME RANKS ARGS...
   echo "$name: exit $? in $((SECONDS - t0)) s"
   rm -rf "/tmp/gpu-figures-$name"
 }
-for r in ${RUNS:-np1 np4 np8 cuda scale}; do
+for r in ${RUNS:-np1 np4 np4off np8 cuda scale}; do
   case $r in
     np1) bench np1 1 ;;
     np4) bench np4 4 --tp 2 --zero ;;
+    np4off)  # the same with aggregated writes off: what they cost on a local NVMe disk
+      H5CKPT_AGGREGATE_WRITES=off MPIRUN="$MPIRUN -x H5CKPT_AGGREGATE_WRITES" bench np4off 4 --tp 2 --zero ;;
     np8) bench np8 8 --tp 2 --zero ;;
     cuda) bench cuda 1 --device cuda ;;
     scale)
