@@ -29,7 +29,7 @@ for r in ${RUNS:-np1 np4 np4off np8 cuda scale}; do
     np1) bench np1 1 ;;
     np4) bench np4 4 --tp 2 --zero ;;
     np4off)  # the same with aggregated writes off: what they cost on a local NVMe disk
-      H5CKPT_AGGREGATE_WRITES=off MPIRUN="$MPIRUN -x H5CKPT_AGGREGATE_WRITES" bench np4off 4 --tp 2 --zero ;;
+      (export H5CKPT_AGGREGATE_WRITES=off; MPIRUN="$MPIRUN -x H5CKPT_AGGREGATE_WRITES"; bench np4off 4 --tp 2 --zero) ;;
     np8) bench np8 8 --tp 2 --zero ;;
     cuda) bench cuda 1 --device cuda ;;
     scale)
