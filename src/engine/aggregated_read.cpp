@@ -205,30 +205,8 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
 
   // Tell each aggregator what this rank wants from its domain.
   const std::vector<Cut> cuts = cut_pieces(g, pieces);
-  std::vector<int> send_counts(n, 0), recv_counts(n, 0), sdispl(n, 0), rdispl(n, 0);
-  for (const Cut& c : cuts) send_counts[c.agg] += 2;
-  std::vector<uint64_t> sendbuf;
-  sendbuf.reserve(cuts.size() * 2);
-  for (const Cut& c : cuts) {
-    sendbuf.push_back(c.offset);
-    sendbuf.push_back(c.length);
-  }
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
-      MPI_Ialltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm, &req), "MPI_Ialltoall"));
-  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (request counts)", comm));
-  for (int r = 1; r < n; ++r) {
-    sdispl[r] = sdispl[r - 1] + send_counts[r - 1];
-    rdispl[r] = rdispl[r - 1] + recv_counts[r - 1];
-  }
-  std::vector<uint64_t> recvbuf(static_cast<size_t>(rdispl[n - 1]) + recv_counts[n - 1]);
-  H5CKPT_RETURN_IF_ERROR(
-      comm::mpi_status(MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(), MPI_UINT64_T, recvbuf.data(),
-                                      recv_counts.data(), rdispl.data(), MPI_UINT64_T, comm, &req),
-                       "MPI_Ialltoallv"));
-  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (requests)", comm));
-  std::vector<std::vector<uint64_t>> asked(n);
-  for (int r = 0; r < n; ++r)
-    asked[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
+  H5CKPT_ASSIGN_OR_RETURN(const auto asked,
+                          two_phase::exchange_cuts(cuts, n, comm, kPollMicros, "aggregated read (requests)"));
   const std::vector<WindowPlan> plans = plan_windows(g, me, asked, cuts);
 
   // Every receive goes up first, straight into the destinations, in (aggregator, window) order:

@@ -82,4 +82,37 @@ inline Status post(bool send, char* base, const Blocks& blocks, int peer, int ta
   return Status::Ok();
 }
 
+/// Tells each aggregator which (offset, length) spans of its domain this rank reads or writes
+/// (`cuts`: any type with agg, offset and length), in one MPI_Ialltoall of counts and one
+/// MPI_Ialltoallv of spans; returns, per rank, the flat (offset, length) pairs it sent here.
+template <class Cut>
+Result<std::vector<std::vector<uint64_t>>> exchange_cuts(const std::vector<Cut>& cuts, int n, MPI_Comm comm,
+                                                         int poll_us, const char* what) {
+  std::vector<int> send_counts(n, 0), recv_counts(n, 0), sdispl(n, 0), rdispl(n, 0);
+  for (const Cut& c : cuts) send_counts[c.agg] += 2;
+  std::vector<uint64_t> sendbuf;
+  sendbuf.reserve(cuts.size() * 2);
+  for (const Cut& c : cuts) {
+    sendbuf.push_back(c.offset);
+    sendbuf.push_back(c.length);
+  }
+  MPI_Request req;
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
+      MPI_Ialltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm, &req), "MPI_Ialltoall"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, poll_us, what, comm));
+  for (int r = 1; r < n; ++r) {
+    sdispl[r] = sdispl[r - 1] + send_counts[r - 1];
+    rdispl[r] = rdispl[r - 1] + recv_counts[r - 1];
+  }
+  std::vector<uint64_t> recvbuf(static_cast<size_t>(rdispl[n - 1]) + recv_counts[n - 1]);
+  H5CKPT_RETURN_IF_ERROR(
+      comm::mpi_status(MPI_Ialltoallv(sendbuf.data(), send_counts.data(), sdispl.data(), MPI_UINT64_T, recvbuf.data(),
+                                      recv_counts.data(), rdispl.data(), MPI_UINT64_T, comm, &req),
+                       "MPI_Ialltoallv"));
+  H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, poll_us, what, comm));
+  std::vector<std::vector<uint64_t>> from(n);
+  for (int r = 0; r < n; ++r) from[r].assign(recvbuf.begin() + rdispl[r], recvbuf.begin() + rdispl[r] + recv_counts[r]);
+  return from;
+}
+
 }  // namespace h5ckpt::engine::two_phase
