@@ -270,7 +270,15 @@ case $CASE in
       { cat "$WORK/full.log"; fail "no error naming the checkpoint and 'No space left on device'"; }
     grep "No space left on device" "$WORK/full.log" | head -n 2
     rm -f "$SH"/fb/fill-*
-    sleep 1
+    # The bricks see the room again only once each brick's free-space check has run again (a
+    # directory is made on every brick, so a probe directory and file succeed once all of them do).
+    t=0
+    until mkdir "$SH/fb/probe" 2>/dev/null && dd if=/dev/zero of="$SH/fb/probe/f" bs=1M count=4 status=none 2>/dev/null; do
+      rm -rf "$SH/fb/probe"
+      ((t++ < 120)) || fail "the volume still refuses writes 60 s after the fill files were removed"
+      sleep 0.5
+    done
+    rm -rf "$SH/fb/probe"
     [[ $(cat "$C/latest") == step-00000001 ]] || fail "latest is '$(cat "$C/latest")' after the failed save"
     [[ ! -e $C/step-00000002 ]] || fail "step 2 was committed although its save failed"
     [[ $(selected_step "$C") == 1 ]] || fail "the last good checkpoint (step 1) does not load after the failed save"
