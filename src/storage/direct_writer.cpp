@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "h5ckpt/checkpoint_info.h"  // kDataFileName
 #include "logging/log.h"
 #include "planner/box_math.h"
 #include "storage/posix_io.h"
@@ -61,7 +62,8 @@ Status check_free_space(const std::string& dir, uint64_t bytes) {
   if (::statvfs(dir.c_str(), &sv) != 0 || sv.f_blocks == 0) return Status::Ok();
   const uint64_t available = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
   if (available >= bytes) return Status::Ok();
-  return Status(ErrorCode::kIo, "not enough space in '" + dir + "': the checkpoint needs " + std::to_string(bytes) +
+  return Status(ErrorCode::kIo, "not enough space in '" + dir + "' for its " + kDataFileName +
+                                    ": the checkpoint needs " + std::to_string(bytes) +
                                     " bytes, " + std::to_string(available) + " are available (" +
                                     std::strerror(ENOSPC) + ")");
 }
