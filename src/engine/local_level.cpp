@@ -136,11 +136,6 @@ void for_each_overlap(const Shape& stored, const ShardSpec& region, const ShardS
   }
 }
 
-uint64_t overlap_elements(const Shape& stored, const ShardSpec& region, const ShardSpec& want) {
-  uint64_t n = 0;
-  for_each_overlap(stored, region, want, [&](int64_t, int64_t, int64_t c) { n += static_cast<uint64_t>(c); });
-  return n;
-}
 
 // Byte offset of every region in its writer's local file: regions in plan order, per writer.
 std::vector<std::vector<uint64_t>> region_file_offsets(const std::vector<planner::TensorPlan>& tensors, size_t world) {
@@ -1014,24 +1009,21 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
 
   // Requests: for each wanted region, its server; the exchange tells every server what to send.
   std::vector<ByteWriter> to(size);
-  std::vector<uint64_t> expect(size, 0);
-  struct Want {
-    size_t dest;
-    int tensor, region;
-  };
-  std::vector<std::vector<Want>> wants(size);
+  std::vector<std::vector<LandingRun>> land(size);  // per server: runs into the landing buffers
   for (size_t di = 0; di < dests.size(); ++di) {
     const Dest& d = dests[di];
     const StateItem& it = items.items()[d.item];
     const planner::TensorPlan& t = res.tensors[d.tensor];
+    const uint64_t esize = dtype_size(t.dtype);
     for (size_t g = 0; g < t.regions.size(); ++g) {
-      const uint64_t n = overlap_elements(t.shape, t.regions[g].shard, it.shard);
-      if (!n) continue;
       const int s = res.server.at(static_cast<size_t>(t.regions[g].writer));
+      const size_t before = land[s].size();
+      for_each_overlap(t.shape, t.regions[g].shard, it.shard, [&](int64_t, int64_t dst, int64_t n) {
+        land[s].push_back({di, static_cast<uint64_t>(dst), static_cast<uint64_t>(n) * esize, esize});
+      });
+      if (land[s].size() == before) continue;  // nothing of this region is wanted
       to[s].put<uint64_t>(d.tensor), to[s].put<uint64_t>(g);
       wire::put_shard(to[s], it.shard);
-      expect[s] += n * dtype_size(t.dtype);
-      wants[s].push_back({di, static_cast<int>(d.tensor), static_cast<int>(g)});
     }
   }
   std::vector<int> send_counts(size), recv_counts(size), sdispl(size), rdispl(size);
@@ -1059,7 +1051,6 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   const double t_read = now_s();
   auto offsets = region_file_offsets(res.tensors, res.manifest.files.size());
   std::vector<std::vector<ServedRun>> serve(size);  // per requester: runs read from the local files
-  std::vector<std::vector<LandingRun>> land(size);  // per server: runs into the landing buffers
   st = Status::Ok();
   bool malformed = false;
   for (int q = 0; q < size && !malformed; ++q) {
@@ -1081,17 +1072,6 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
       for_each_overlap(tp.shape, tp.regions[g].shard, want, [&](int64_t src, int64_t, int64_t n) {
         serve[q].push_back({writer, base + static_cast<uint64_t>(src) * esize, static_cast<uint64_t>(n) * esize, esize});
       });
-    }
-  }
-  for (int s = 0; s < size; ++s) {
-    for (const Want& w : wants[s]) {
-      const Dest& d = dests[w.dest];
-      const planner::TensorPlan& tp = res.tensors[w.tensor];
-      const uint64_t esize = dtype_size(tp.dtype);
-      for_each_overlap(tp.shape, tp.regions[w.region].shard, items.items()[d.item].shard,
-                       [&](int64_t, int64_t dst, int64_t n) {
-                         land[s].push_back({w.dest, static_cast<uint64_t>(dst), static_cast<uint64_t>(n) * esize, esize});
-                       });
     }
   }
   // The window: the budget (else kUnboundedWindow) less the device items' staging, split over a
