@@ -240,6 +240,44 @@ TEST_F(CommitSafety, DirectoryLoadSelectsNewestValidCheckpoint) {
     EXPECT_NE(r2.status().message().find(n), std::string::npos) << r2.status().to_string();
 }
 
+// A storage server that is down takes its files with it: on GlusterFS (distribute) they are absent
+// with ENOENT while every directory stays. Every file of every checkpoint gone, `latest` too: the
+// marker directories still show checkpoints stood there, so the answer is "corrupt", naming each,
+// never "not found" (a trainer would start over and save over them).
+TEST_F(CommitSafety, CheckpointsWhoseFilesVanishedAreNotAnEmptyDirectory) {
+  const std::string base = root_ + "/vanished";
+  on_rank0([&] { fs::create_directories(base); });
+  for (int v = 1; v <= 2; ++v) ASSERT_TRUE(save(base + "/step-" + std::to_string(v), v).ok());
+  on_rank0([&] {
+    fs::remove(base + "/latest");
+    for (const char* n : {"step-1", "step-2"}) {
+      ASSERT_TRUE(fs::is_directory(base + "/" + n + "/" + storage::kCheckpointMarkerDir)) << n;
+      fs::remove(base + "/" + n + "/data.h5");
+      fs::remove(base + "/" + n + "/metadata.json");
+    }
+  });
+  MPI_Barrier(MPI_COMM_WORLD);
+  VersionedState s(0, false);
+  Checkpointer ck(*topo_);
+  auto r = ck.load(s.state(), base);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCorrupt) << r.status().to_string();
+  for (const char* n : {"step-1", "step-2"})
+    EXPECT_NE(r.status().message().find(std::string(n) + ": "), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("storage server"), std::string::npos) << r.status().to_string();
+  // Named directly, the same answer (not a directory of checkpoints that holds none).
+  auto named = ck.load(s.state(), base + "/step-2");
+  ASSERT_FALSE(named.ok());
+  EXPECT_EQ(named.status().code(), ErrorCode::kCorrupt) << named.status().to_string();
+  EXPECT_NE(named.status().message().find("missing"), std::string::npos) << named.status().to_string();
+  // An empty directory of the same name without the marker is still nothing at all.
+  on_rank0([&] { fs::create_directories(root_ + "/plain/step-1"); });
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto plain = ck.load(s.state(), root_ + "/plain");
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.status().code(), ErrorCode::kNotFound) << plain.status().to_string();
+}
+
 TEST_F(CommitSafety, SecondJobSavingIntoTheDirectoryIsRefused) {
   const std::string dir = root_ + "/job";
   on_rank0([&] { fs::create_directories(dir); });

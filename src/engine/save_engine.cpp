@@ -182,7 +182,7 @@ Result<std::string> make_temp_dir(const std::string& target, bool overwrite) {
     return Status(ErrorCode::kAlreadyExists,
                   "checkpoint '" + target + "' already exists (pass overwrite to replace it)");
   std::string temp = storage::temp_dir_for(target, nonce);
-  H5CKPT_RETURN_IF_ERROR(storage::make_dir(temp));
+  H5CKPT_RETURN_IF_ERROR(storage::make_checkpoint_dir(temp));
   return temp;
 }
 

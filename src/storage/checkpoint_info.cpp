@@ -72,7 +72,7 @@ Status verify_checkpoint(const CheckpointInfo& info, int part, int nparts) {
 bool is_checkpoint_dir(const std::string& path) {
   std::error_code ec;
   return fs::exists(fs::path(path) / kMetadataFileName, ec) || fs::exists(fs::path(path) / kDataFileName, ec) ||
-         storage::is_temp_name(path);
+         storage::is_temp_name(path) || storage::has_checkpoint_marker(path);
 }
 
 Result<CheckpointListing> list_checkpoints(const std::string& root) {

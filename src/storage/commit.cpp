@@ -63,6 +63,16 @@ Status make_dir(const std::string& dir) {
   return Status::Ok();
 }
 
+Status make_checkpoint_dir(const std::string& dir) {
+  H5CKPT_RETURN_IF_ERROR(make_dir(dir));
+  return make_dir((fs::path(dir) / kCheckpointMarkerDir).string());
+}
+
+bool has_checkpoint_marker(const std::string& dir) {
+  struct stat sb {};
+  return ::lstat((fs::path(dir) / kCheckpointMarkerDir).c_str(), &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 Status fsync_path(const std::string& path) {
   int fd = io::open(path, O_RDONLY);
   if (fd < 0) return io::error("open", path, errno);
@@ -383,12 +393,29 @@ Status validate_checkpoint_dir(const std::string& dir) {
   struct stat ms {
   }, ds{};
   const bool has_meta = ::fstatat(d.fd, kMetadataFileName, &ms, AT_SYMLINK_NOFOLLOW) == 0;
+  const int meta_errno = has_meta ? 0 : errno;
   const bool has_data = ::fstatat(d.fd, kDataFileName, &ds, 0) == 0;
+  const int data_errno = has_data ? 0 : errno;
+  // Absent and unreadable differ: a storage server that is down (ENOTCONN, EIO) is named as such,
+  // not taken for a save that never committed.
+  for (const auto& [file, err] : {std::pair{kMetadataFileName, meta_errno}, std::pair{kDataFileName, data_errno}})
+    if (err != 0 && err != ENOENT)
+      return Status(ErrorCode::kIo,
+                    "cannot examine '" + (fs::path(dir) / file).string() + "': " + std::strerror(err));
+  // A committed name with the marker but not its files: damaged, or its files' server is down.
+  const bool marked = !is_temp_name(dir) && has_checkpoint_marker(dir);
+  const std::string unreachable = " (deleted, or on a storage server that is down)";
+  if (!has_meta && marked)
+    return Status(ErrorCode::kCorrupt, "'" + dir + "' is a checkpoint whose " + kMetadataFileName +
+                                           (has_data ? "" : std::string(" and ") + kDataFileName) +
+                                           (has_data ? " is" : " are") + " missing" + unreachable);
   if (!has_meta)
     return has_data ? Status(ErrorCode::kNotCommitted,
                              "'" + dir + "' has data but no " + kMetadataFileName + ": it was never committed")
                     : Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
-  if (!has_data) return Status(ErrorCode::kCorrupt, "'" + dir + "' has no " + kDataFileName);
+  if (!has_data)
+    return Status(ErrorCode::kCorrupt,
+                  "'" + dir + "' has no " + kDataFileName + (marked ? unreachable : std::string()));
   if (!S_ISREG(ds.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data + "' is not a regular file");
   if (!S_ISREG(ms.st_mode)) return Status(ErrorCode::kCorrupt, "'" + meta + "' is not a regular file");
   // O_NONBLOCK: should it have become a FIFO since the check, opening it must not wait for a writer.
@@ -435,10 +462,17 @@ std::vector<std::string> unlisted_checkpoint_dirs(const std::string& root, const
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (is_temp_name(name) || !plausible_name(name)) continue;
-    struct stat sb {}, fb{};
+    struct stat sb {};
     if (::lstat(it->path().c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
-    const bool looks = ::lstat((it->path() / kMetadataFileName).c_str(), &fb) == 0 ||
-                       ::lstat((it->path() / kDataFileName).c_str(), &fb) == 0;
+    // A file that cannot be examined (a storage server down: ENOTCONN, EIO, ESTALE) or a marker
+    // without its files (GlusterFS answers ENOENT for files on a dead brick) may be a checkpoint:
+    // reported as unreadable, never taken for an empty directory (a trainer would start over).
+    auto present_or_unreadable = [&](const char* file) {
+      struct stat fb {};
+      return ::lstat((it->path() / file).c_str(), &fb) == 0 || (errno != ENOENT && errno != ENOTDIR);
+    };
+    const bool looks = present_or_unreadable(kMetadataFileName) || present_or_unreadable(kDataFileName) ||
+                       has_checkpoint_marker(it->path().string());
     if (looks && std::none_of(listed.begin(), listed.end(), [&](const CommittedCheckpoint& c) { return c.name == name; }))
       out.push_back(name);
   }
@@ -507,10 +541,12 @@ Result<std::string> resolve_checkpoint_dir(const std::string& path) {
   const fs::path p(path);
   const bool has_meta = fs::exists(fs::symlink_status(p / kMetadataFileName, ec));
   const bool has_data = fs::exists(fs::symlink_status(p / kDataFileName, ec));
-  if (!has_meta && !has_data && !is_temp_name(path)) return select_in_directory(path);
+  const bool marked = has_checkpoint_marker(path);
+  if (!has_meta && !has_data && !is_temp_name(path) && !marked) return select_in_directory(path);
   // One checkpoint, named by the caller: no fallback, whatever is wrong is the answer.
   if (is_temp_name(path))
     return Status(ErrorCode::kNotCommitted, "'" + path + "' is an in-progress save that was never committed");
+  if (!has_meta && marked) return validate_checkpoint_dir(path);  // names what is missing
   if (!has_meta)
     return Status(ErrorCode::kNotCommitted,
                   "checkpoint '" + path + "' has data but no " + kMetadataFileName + ": it was never committed");

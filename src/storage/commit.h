@@ -17,6 +17,16 @@ std::string temp_dir_for(const std::string& final_dir, const std::string& nonce)
 bool is_temp_name(const std::string& dir);
 
 Status make_dir(const std::string& dir);
+/// An empty directory inside every checkpoint a save makes. On file systems that place each file on
+/// one server and every directory on all of them (GlusterFS's distribute translator), the files of
+/// a checkpoint whose server is down are simply absent, with ENOENT; the marker still shows that a
+/// checkpoint stood there, so selection reports it as unreadable instead of calling the directory
+/// empty (a trainer would start over).
+inline constexpr const char* kCheckpointMarkerDir = ".h5ckpt-checkpoint";
+/// make_dir of a save's directory and its marker.
+Status make_checkpoint_dir(const std::string& dir);
+/// True when `dir` holds the marker directory.
+bool has_checkpoint_marker(const std::string& dir);
 /// fsync of a file or directory.
 Status fsync_path(const std::string& path);
 /// Writes `content` to `path` via a temporary file (`tmp`, default path.tmp) + fsync + rename +

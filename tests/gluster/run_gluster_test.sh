@@ -215,6 +215,8 @@ case $CASE in
     f=$(compgen -G "$VOL/bricks/b*/bk/c/step-00000002/data.h5" | head -n1)
     brick=$(sed -n 's|.*/bricks/b\([0-9]*\)/.*|\1|p' <<<"$f")
     "$SRC/scripts/gluster.sh" kill-brick --dir "$VOL" "$brick" >/dev/null
+    # Which files went with it decides the answer (latest, the step directories' files): say so.
+    say "killed brick $brick before a load; it held: $(cd "$VOL/bricks/b$brick/bk/c" && find . -type f ! -path '*/.glusterfs/*' | sort | tr '\n' ' ')"
     rc=0
     # shellcheck disable=SC2046
     out=$(cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 3 --save-every 0 --ckpt-dir "$C" --timeout-s 60 2>&1) || rc=$?
@@ -223,9 +225,11 @@ case $CASE in
       grep -q "resumed .* at step 1" <<<"$out" ||
         fail "the load succeeded with step 2's data file on a dead brick, without falling back to step 1"
     else
-      grep -q "step-0000000[12]" <<<"$out" || fail "the failed load does not name the checkpoint it could not read"
+      grep -q "step-0000000[12]" <<<"$out" ||
+        { echo "$out"; fail "the failed load does not name the checkpoint it could not read"; }
     fi
     "$SRC/scripts/gluster.sh" restart-brick --dir "$VOL"
+    [[ $(selected_step "$C") == 2 ]] || fail "step 2 is not selected once its brick is back"
     ;;
 
   odirect)
