@@ -19,3 +19,16 @@ foreach(n 1 2 4)
       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
   endforeach()
 endforeach()
+
+# A rank stopped (job ends by the deadline) or killed inside an aggregated write's exchange: nothing
+# is committed, the last checkpoint verifies and the trainer resumes from it (faults/*.sh).
+if(TARGET h5ckpt-train)
+  foreach(mode stop kill)
+    add_test(NAME test_faults_rank_lost_in_exchange_${mode}_np4
+      COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/faults/rank_lost_in_exchange.sh $<TARGET_FILE:h5ckpt-train>
+              $<TARGET_FILE:h5ckpt-cli> ${CMAKE_CURRENT_BINARY_DIR}/lost_in_exchange_${mode} ${mode} 1
+              ${MPIEXEC_EXECUTABLE} ${H5CKPT_MPIEXEC_PREFLAGS})
+    set_tests_properties(test_faults_rank_lost_in_exchange_${mode}_np4 PROPERTIES
+      PROCESSORS 4 TIMEOUT 180 LABELS "mpi;faults;timeout")
+  endforeach()
+endif()

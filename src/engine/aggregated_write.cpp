@@ -7,6 +7,7 @@
 
 #include "comm/comm.h"
 #include "engine/two_phase.h"
+#include "util/test_points.h"
 
 namespace h5ckpt::engine {
 
@@ -140,6 +141,8 @@ Result<AggregatedWriteReport> aggregated_write(MPI_Comm comm, std::vector<WriteP
     }
     i = j;
   }
+
+  util::test_point("aggregate_exchange", me);  // tests: a rank stopped or killed mid-exchange
 
   // Receive window j + 1 while window j is written.
   std::vector<MPI_Request> receives[kSlots];
