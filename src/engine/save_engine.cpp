@@ -25,7 +25,7 @@
 #include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
 #include "storage/leftovers.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "storage/posix_io.h"
 #include "storage/retention.h"  // [retention]
 #include "util/phase.h"
