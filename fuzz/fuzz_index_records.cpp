@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "storage/meta_v2.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "storage/region_reader.h"
 #include "storage/verify_blocks.h"
 #include "util/checked_math.h"

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "storage/meta_v2.h"
-#include "storage/metadata.h"
+#include "storage/meta_v1.h"
 #include "storage/signed_json.h"
 
 namespace v2 = h5ckpt::storage::v2;

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "storage/metadata.h"
+#include "storage/meta_v1.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

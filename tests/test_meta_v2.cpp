@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "storage/meta_v2.h"
-#include "storage/metadata.h"
+#include "storage/meta_v1.h"
 #include "storage/region_reader.h"
 
 namespace h5ckpt::storage::v2 {

@@ -15,7 +15,7 @@
 #include "planner/box_math.h"
 #include "planner/region_overlap.h"
 #include "planner/save_planner.h"
-#include "storage/metadata.h"
+#include "storage/meta_v1.h"
 
 // ---- format-v1 metadata validation ----------------------------------------------------------
 

@@ -19,7 +19,7 @@
 #include "h5ckpt/checkpoint_info.h"
 #include "h5ckpt/config.h"
 #include "storage/commit.h"
-#include "storage/metadata.h"
+#include "storage/meta_v1.h"
 #include "storage/retention.h"
 
 namespace h5ckpt::storage {

@@ -91,6 +91,169 @@ class StagedSource : public WriteSource {
   Status status_;
 };
 
+// What this rank snapshots, and whether into the pool.
+struct SnapshotPlan {
+  std::shared_ptr<const std::vector<planner::WriteItem>> writes;
+  Status planned;             // a planning bug: it fails the write phase everywhere
+  uint64_t wanted = 0;        // pool bytes asked for
+  bool staged = false;        // pieces are copied into the pool (else the writer takes the caller's buffers)
+  bool after_snapshot = false;  // the pool holds the whole snapshot: the writer starts after it
+};
+
+// Sizes the pool for this rank's pieces and plans them to fit it.
+SnapshotPlan plan_snapshot(int rank, const SaveJob& job, const StateDict& state, const CheckpointerOptions& options,
+                           StagingPool& pool) {
+  SnapshotPlan p;
+  auto writes = plan_my_writes(rank, job, state, options.max_piece_bytes);
+  uint64_t mine = 0, element = 1;
+  for (const auto& w : writes.ok() ? *writes : std::vector<planner::WriteItem>{}) {
+    mine += w.bytes;
+    element = std::max<uint64_t>(element, dtype_size((*job.plan)[w.tensor].dtype));
+  }
+  // A piece is at least one element: a bound below that would leave the snapshot waiting for
+  // space that can never exist, so the pool holds at least one element of the widest dtype.
+  p.wanted = std::max(options.staging_bytes ? options.staging_bytes : mine, element);
+  // Under a memory budget the pool is the whole of an async save's memory: at most the budget
+  // (kMinMemoryBytes holds an element of every dtype), and the snapshot streams through it.
+  if (options.memory_bytes) p.wanted = std::max(element, std::min<uint64_t>(p.wanted, options.memory_bytes));
+  pool.reserve(p.wanted);
+  // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
+  // buffers and returns once they are written, which is correct, only not asynchronous.
+  p.staged = mine == 0 || pool.capacity() > 0;
+  if (writes.ok() && p.staged && mine && pool.capacity() < options.max_piece_bytes)  // a piece must fit the pool
+    writes = plan_my_writes(rank, job, state, pool.capacity());
+  p.planned = writes.status();
+  p.writes = std::make_shared<const std::vector<planner::WriteItem>>(
+      writes.ok() ? std::move(writes).value() : std::vector<planner::WriteItem>{});
+  // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
+  // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
+  p.after_snapshot = p.staged && pool.capacity() >= mine;
+  return p;
+}
+
+// The I/O thread: once every rank is ready, the level saves the job with the snapshot as its
+// source; the outcome goes into `st`.
+void write_in_background(const std::shared_ptr<SaveHandle::State>& st, const std::shared_ptr<StagedSource>& source,
+                         const std::shared_ptr<SaveJob>& job, const Topology::Impl& io, bool after_snapshot,
+                         Level* lvl) {
+  if (after_snapshot) source->wait_closed();
+  // Ranks whose snapshot is done wait here for the others without taking their CPU.
+  PhaseScope scope("save_async", "start");
+  Status ready = comm::idle_barrier(io.world.get());
+  Result<SaveReport> result = ready;
+  if (!ready.ok()) {
+    while (auto w = source->next()) source->done(*w);  // the snapshot must not wait for a writer
+    lvl->abandon(io, *job);
+  } else {
+    // The snapshot's figures go into the report before a commit records it (the source is
+    // drained by then).
+    job->before_commit = [st](SaveReport& r) {
+      std::lock_guard<std::mutex> lock(st->mu);
+      r.snapshot_s = st->snapshot_s;
+      r.blocked_bytes = st->blocked_bytes;
+    };
+    result = lvl->save(io, *job, *source);
+    std::lock_guard<std::mutex> lock(st->mu);  // the level drained the source: the snapshot is done
+    if (result.ok()) {
+      result->snapshot_s = st->snapshot_s;
+      result->blocked_bytes = st->blocked_bytes;
+      result->async = true;
+    }
+  }
+  std::lock_guard<std::mutex> lock(st->mu);
+  st->result = std::move(result);
+  st->done = true;
+  st->cv.notify_all();
+}
+
+// The blocking part of save_async: this rank's pieces copied into the pool (waiting only if it is
+// full). Host pieces are copied by several threads (slices of whole pieces, several pieces at
+// once) and device pieces by queued D2H copies with one wait for all of them. Either way a piece
+// reaches the writer only once its bytes are in the pool, and pieces reach it in acquire order
+// (the pool releases blocks in that order): `pending` holds them until the copies are done.
+class SnapshotCopy {
+ public:
+  SnapshotCopy(StagedSource& source, StagingPool& pool, bool staged, int copiers, detail::WorkPool* copy_pool)
+      : source_(source), pool_(pool), staged_(staged), copiers_(copiers), copy_pool_(copy_pool),
+        dev_(device::staging()) {}
+
+  /// Copies every write, then hands the last pieces to the writer. Returns the bytes copied only
+  /// after waiting for room in the pool.
+  uint64_t copy_all(const StateDict& state, const std::vector<planner::WriteItem>& writes) {
+    for (const planner::WriteItem& w : writes) {
+      pending_.push_back(copy_one(state.items()[w.item], w));
+      if (!copies_ && !device_copies_) flush();  // nothing in flight: the writer may take it now
+    }
+    flush();
+    return blocked_;
+  }
+
+ private:
+  // Hands the writer every piece whose copy is done (all of them, after waiting).
+  void flush() {
+    if (copies_) {
+      copy_pool_->seal(copies_);
+      (void)copy_pool_->wait(copies_);  // a copy cannot fail
+      copies_.reset();
+    }
+    if (device_copies_) {
+      if (Status done = dev_.synchronize(); !done.ok()) source_.fail(done.with_context("staging device pieces"));
+      device_copies_ = false;
+    }
+    for (const SourcedWrite& p : pending_) source_.push(p);
+    pending_.clear();
+  }
+
+  // Starts the copy of one piece into the pool; returns the piece as the writer will see it.
+  SourcedWrite copy_one(const StateItem& item, const planner::WriteItem& w) {
+    const char* from = static_cast<const char*>(item.data) + w.src_offset;
+    const bool on_device = device::is_device_item(item);
+    SourcedWrite out{&w, from, false};
+    if (w.bytes && staged_) {
+      bool waited = false;
+      char* dst = pool_.try_acquire(w.bytes);
+      if (!dst) {  // the pool is full: hand the writer what is copied, then wait for room
+        flush();
+        dst = pool_.acquire(w.bytes, &waited);
+      }
+      if (on_device) {  // device to pinned pool; the writer may only see it once the copy is done
+        Status copied = dev_.copy_to_host(dst, from, w.bytes);
+        if (!copied.ok()) source_.fail(copied.with_context("staging a device piece"));
+        device_copies_ = device_copies_ || copied.ok();
+      } else if (copiers_ > 1) {
+        if (!copies_) copies_ = copy_pool_->group();
+        // Slices of at least kMinSliceBytes, about one per copier for a large piece.
+        const uint64_t slice = std::max<uint64_t>(kMinSliceBytes, (w.bytes / copiers_ + 4095) / 4096 * 4096);
+        for (uint64_t at = 0; at < w.bytes; at += slice) {
+          const uint64_t n = std::min(slice, w.bytes - at);
+          copy_pool_->submit(copies_, [d = dst + at, f = from + at, n] {
+            detail::stream_copy(d, f, n);
+            return Status::Ok();
+          });
+        }
+      } else {
+        detail::stream_copy(dst, from, w.bytes);
+      }
+      if (waited) blocked_ += w.bytes;
+      out.data = dst;
+    } else if (on_device && w.bytes) {
+      source_.fail(Status(ErrorCode::kIo, "no host staging memory for device buffers"));
+    }
+    return out;
+  }
+
+  StagedSource& source_;
+  StagingPool& pool_;
+  const bool staged_;
+  const int copiers_;
+  detail::WorkPool* copy_pool_;
+  device::Staging& dev_;
+  std::vector<SourcedWrite> pending_;
+  std::shared_ptr<detail::WorkPool::Group> copies_;  // host copies in flight
+  bool device_copies_ = false;                       // D2H copies in flight
+  uint64_t blocked_ = 0;
+};
+
 }  // namespace
 
 AsyncSaver::AsyncSaver(const Topology::Impl& topo, const CheckpointerOptions& options, StagingPool& pool)
@@ -147,65 +310,15 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   auto job = std::make_shared<SaveJob>(std::move(prepared));
   job->report.async = true;
 
-  const int rank = topo_.world.rank();
-  auto writes = plan_my_writes(rank, *job, state, options_.max_piece_bytes);
-  uint64_t mine = 0, element = 1;
-  for (const auto& w : writes.ok() ? *writes : std::vector<planner::WriteItem>{}) {
-    mine += w.bytes;
-    element = std::max<uint64_t>(element, dtype_size((*job->plan)[w.tensor].dtype));
-  }
-  // A piece is at least one element: a bound below that would leave the snapshot waiting for
-  // space that can never exist, so the pool holds at least one element of the widest dtype.
-  uint64_t wanted = std::max(options_.staging_bytes ? options_.staging_bytes : mine, element);
-  // Under a memory budget the pool is the whole of an async save's memory: at most the budget
-  // (kMinMemoryBytes holds an element of every dtype), and the snapshot streams through it.
-  if (options_.memory_bytes) wanted = std::max(element, std::min<uint64_t>(wanted, options_.memory_bytes));
-  pool_.reserve(wanted);
-  // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
-  // buffers and returns once they are written, which is correct, only not asynchronous.
-  const bool staged = mine == 0 || pool_.capacity() > 0;
-  if (writes.ok() && staged && mine && pool_.capacity() < options_.max_piece_bytes)  // a piece must fit the pool
-    writes = plan_my_writes(rank, *job, state, pool_.capacity());
-  auto my_writes = std::make_shared<const std::vector<planner::WriteItem>>(
-      writes.ok() ? std::move(writes).value() : std::vector<planner::WriteItem>{});
-
+  const SnapshotPlan plan = plan_snapshot(topo_.world.rank(), *job, state, options_, pool_);
   auto st = std::make_shared<SaveHandle::State>();
-  // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
-  // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
-  const bool after_snapshot = staged && pool_.capacity() >= mine;
-  auto source = std::make_shared<StagedSource>(pool_, staged, after_snapshot);
-  if (!writes.ok()) source->fail(writes.status());  // a planning bug fails the write phase everywhere
+  auto source = std::make_shared<StagedSource>(pool_, plan.staged, plan.after_snapshot);
+  if (!plan.planned.ok()) source->fail(plan.planned);  // a planning bug fails the write phase everywhere
   const Topology::Impl& io = *io_comms_;
   Level* lvl = &level;  // outlives the thread: the Checkpointer joins it before destroying its level
-  worker_ = std::thread([st, source, job, my_writes, &io, after_snapshot, lvl] {
-    if (after_snapshot) source->wait_closed();
-    // Ranks whose snapshot is done wait here for the others without taking their CPU.
-    PhaseScope scope("save_async", "start");
-    Status ready = comm::idle_barrier(io.world.get());
-    Result<SaveReport> result = ready;
-    if (!ready.ok()) {
-      while (auto w = source->next()) source->done(*w);  // the snapshot must not wait for a writer
-      lvl->abandon(io, *job);
-    } else {
-      // The snapshot's figures go into the report before a commit records it (the source is
-      // drained by then).
-      job->before_commit = [st](SaveReport& r) {
-        std::lock_guard<std::mutex> lock(st->mu);
-        r.snapshot_s = st->snapshot_s;
-        r.blocked_bytes = st->blocked_bytes;
-      };
-      result = lvl->save(io, *job, *source);
-      std::lock_guard<std::mutex> lock(st->mu);  // the level drained the source: the snapshot is done
-      if (result.ok()) {
-        result->snapshot_s = st->snapshot_s;
-        result->blocked_bytes = st->blocked_bytes;
-        result->async = true;
-      }
-    }
-    std::lock_guard<std::mutex> lock(st->mu);
-    st->result = std::move(result);
-    st->done = true;
-    st->cv.notify_all();
+  worker_ = std::thread([st, source, job, &io, after = plan.after_snapshot, lvl, writes = plan.writes] {
+    (void)writes;  // held until the save ends: the pieces point into them
+    write_in_background(st, source, job, io, after, lvl);
   });
   pending_ = st;
 
@@ -216,79 +329,20 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
     if (Status ordered = device::staging().order_after(options.device_stream); !ordered.ok())
       source->fail(ordered.with_context("waiting for the device before the snapshot"));
   const double t_snap = now_s();
-  uint64_t blocked = 0;
-  device::Staging& dev = device::staging();
-  // Host pieces are copied by several threads (slices of whole pieces, several pieces at once) and
-  // device pieces by queued D2H copies with one wait for all of them. Either way a piece reaches
-  // the writer only once its bytes are in the pool, and pieces reach it in acquire order (the
-  // pool releases blocks in that order): `pending` holds them until the copies are done.
-  const int copiers = staged ? snapshot_threads() : 1;
+  const int copiers = plan.staged ? snapshot_threads() : 1;
   if (copiers > 1 && (!copy_pool_ || copy_pool_->threads() != copiers))
     copy_pool_ = std::make_unique<detail::WorkPool>(copiers, 4 * copiers);
-  std::vector<SourcedWrite> pending;
-  std::shared_ptr<detail::WorkPool::Group> copies;  // host copies in flight
-  bool device_copies = false;                       // D2H copies in flight
-  auto flush = [&] {
-    if (copies) {
-      copy_pool_->seal(copies);
-      (void)copy_pool_->wait(copies);  // a copy cannot fail
-      copies.reset();
-    }
-    if (device_copies) {
-      if (Status done = dev.synchronize(); !done.ok()) source->fail(done.with_context("staging device pieces"));
-      device_copies = false;
-    }
-    for (const SourcedWrite& p : pending) source->push(p);
-    pending.clear();
-  };
-  for (const planner::WriteItem& w : *my_writes) {
-    const StateItem& item = state.items()[w.item];
-    const char* from = static_cast<const char*>(item.data) + w.src_offset;
-    const bool on_device = device::is_device_item(item);
-    SourcedWrite out{&w, from, false};
-    if (w.bytes && staged) {
-      bool waited = false;
-      char* dst = pool_.try_acquire(w.bytes);
-      if (!dst) {  // the pool is full: hand the writer what is copied, then wait for room
-        flush();
-        dst = pool_.acquire(w.bytes, &waited);
-      }
-      if (on_device) {  // device to pinned pool; the writer may only see it once the copy is done
-        Status copied = dev.copy_to_host(dst, from, w.bytes);
-        if (!copied.ok()) source->fail(copied.with_context("staging a device piece"));
-        device_copies = device_copies || copied.ok();
-      } else if (copiers > 1) {
-        if (!copies) copies = copy_pool_->group();
-        // Slices of at least kMinSliceBytes, about one per copier for a large piece.
-        const uint64_t slice = std::max<uint64_t>(kMinSliceBytes, (w.bytes / copiers + 4095) / 4096 * 4096);
-        for (uint64_t at = 0; at < w.bytes; at += slice) {
-          const uint64_t n = std::min(slice, w.bytes - at);
-          copy_pool_->submit(copies, [d = dst + at, f = from + at, n] {
-            detail::stream_copy(d, f, n);
-            return Status::Ok();
-          });
-        }
-      } else {
-        detail::stream_copy(dst, from, w.bytes);
-      }
-      if (waited) blocked += w.bytes;
-      out.data = dst;
-    } else if (on_device && w.bytes) {
-      source->fail(Status(ErrorCode::kIo, "no host staging memory for device buffers"));
-    }
-    pending.push_back(out);
-    if (!copies && !device_copies) flush();  // nothing in flight: the writer may take it now
-  }
-  flush();
+  SnapshotCopy snapshot(*source, pool_, plan.staged, copiers, copy_pool_.get());
+  const uint64_t blocked = snapshot.copy_all(state, *plan.writes);
   {
     std::lock_guard<std::mutex> lock(st->mu);  // before close(): the writer cannot finish earlier
     st->snapshot_s = now_s() - t_snap;
     st->blocked_bytes = blocked;
   }
   source->close();
-  if (!staged) {
+  if (!plan.staged) {
     logging::log().warn("could not allocate {} bytes of staging: this rank's part of the save ran synchronously",
-                        wanted);
+                        plan.wanted);
     source->wait_drained();
   }
   if (blocked)

@@ -24,7 +24,8 @@
 #include "planner/box_math.h"
 #include "storage/commit.h"
 #include "storage/meta_v2.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
+#include "storage/meta_v1.h"
 #include "storage/region_reader.h"
 #include "storage/verify_blocks.h"
 #include "util/checked_math.h"
@@ -494,10 +495,11 @@ Status stream_to_device(const CheckpointInfo& info, storage::RegionReader& reade
 // aggregated read fills them; under a budget two windows of a quarter of it at most go to the
 // reads, the rest holds units, and the units are read in rounds that fit it (verified spans split
 // into whole blocks), every rank taking part in as many rounds as the rank that needs most.
-Status execute_aggregated(LoadRun& run) {
-  PhaseScope scope("load", "read");
-  const CheckpointInfo& info = *run.cache.info;
-  const uint64_t budget = run.copts.memory_bytes;
+// The steps, in order: collect_units, pack_rounds, allocate_scratch, then per round read_round,
+// convert_round and check_round.
+struct AggregatedLoad {
+  // A scratch buffer of one round: a whole item in its stored dtype (converted after the read),
+  // or one checked span (checked, then copied out).
   struct Unit {
     int item;
     const ReadItem* read;
@@ -508,26 +510,49 @@ Status execute_aggregated(LoadRun& run) {
     uint64_t bytes;           // scratch bytes
     char* buf = nullptr;
   };
-  // Under a budget: two windows of at most a quarter of it, the rest (at least half) for units.
-  const uint64_t window = budget ? std::max<uint64_t>(64, std::min(run.options.read_window_bytes, budget / 4))
-                                 : run.options.read_window_bytes;
-  const uint64_t room = budget ? budget - 2 * window : UINT64_MAX;
-  std::vector<ReadPiece> plain;  // straight into the caller's buffers
+
+  explicit AggregatedLoad(LoadRun& r)
+      : run(r),
+        info(*r.cache.info),
+        budget(r.copts.memory_bytes),
+        // Under a budget: two windows of at most a quarter of it, the rest (at least half) for units.
+        window(budget ? std::max<uint64_t>(64, std::min(r.options.read_window_bytes, budget / 4))
+                      : r.options.read_window_bytes),
+        room(budget ? budget - 2 * window : UINT64_MAX) {}
+
+  LoadRun& run;
+  const CheckpointInfo& info;
+  const uint64_t budget;
+  const uint64_t window;     // bytes of each read window
+  const uint64_t room;       // scratch bytes for the units of one round
+  std::vector<ReadPiece> plain;  // straight into the caller's buffers (read in the first round)
   std::vector<Unit> units;
-  Status prep;
-  auto want_pieces = [](std::vector<ReadPiece>& out, const ReadItem& r, const Box& box, const planner::Frame& to,
-                        char* base) {
+  std::vector<size_t> round_end;  // units [round_end[k-1], round_end[k]) form round k
+  uint64_t most = 0;              // scratch bytes of the largest round
+  Status prep;                    // a span that could not be computed while collecting
+  Status local;
+  // The scratch and, under a budget, the windows.
+  std::vector<char> heap;
+  MemoryBudget::Lease heap_lease;
+  char* scratch = nullptr;
+  char* slots = nullptr;
+  std::optional<detail::WorkPool> checks;  // made for the first round with checked spans
+  std::atomic<uint64_t> check_ns{0};
+
+  static void want_pieces(std::vector<ReadPiece>& out, const ReadItem& r, const Box& box, const planner::Frame& to,
+                          char* base) {
     const uint64_t es = dtype_size(r.stored.dtype);
     const planner::Frame src{Box{Shape(r.stored.shape.size(), 0), r.stored.shape}, 0};
     planner::for_each_run(box, src, to, [&](int64_t si, int64_t di, int64_t count) {
       out.push_back({static_cast<uint64_t>(r.stored.file_offset) + static_cast<uint64_t>(si) * es,
                      static_cast<uint64_t>(count) * es, base + static_cast<uint64_t>(di) * es});
     });
-  };
+  }
+
   // The pieces of item `r` that land in its buffer `dst` (the caller's, or a conversion unit's):
   // every box unverified, or the parts of unverified spans; verified spans become units when
   // `add_checked`.
-  auto item_pieces = [&](std::vector<ReadPiece>& out, const ReadItem& r, char* dst, bool add_checked) {
+  void item_pieces(std::vector<ReadPiece>& out, const ReadItem& r, char* dst, bool add_checked) {
     const StateItem& it = run.state.items()[r.item];
     const planner::Frame frame = planner::frame_of(it.shard);
     const TensorInfo* t = info.find(it.key);
@@ -548,67 +573,75 @@ Status execute_aggregated(LoadRun& run) {
             if (auto p = planner::intersect(piece, box); p && dst) want_pieces(out, r, *p, frame, dst);
           continue;
         }
-        if (!add_checked) continue;
-        // Under a budget a span is cut into runs of whole blocks that fit the scratch space.
-        const storage::RegionBlocks rb = storage::region_blocks(*t, t->regions[span.region]);
-        const int64_t be = std::max<int64_t>(1, static_cast<int64_t>(rb.block_bytes / es));
-        const int64_t step =
-            budget ? std::max<int64_t>(1, static_cast<int64_t>((room - kStagingAlign) / std::max<uint64_t>(rb.block_bytes, 1))) * be
-                   : span.end - span.begin;
-        for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
-          const storage::CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
-          units.push_back({r.item, &r, t, false, chunk, box, static_cast<uint64_t>(chunk.end - chunk.begin) * es});
-        }
+        if (add_checked) add_checked_span(r, t, span, box, es);
       }
     }
-  };
-  for (const ReadItem& r : run.cache.plan.items) {
-    StateItem& it = run.state.items()[r.item];
-    if (r.stored.file_offset < 0) continue;  // empty tensor
-    if (r.stored.dtype != it.dtype) {  // the conversion unit comes before the item's checked spans
-      units.push_back({r.item, &r, info.find(it.key), true, {}, {},
-                       static_cast<uint64_t>(it.shard.numel()) * dtype_size(r.stored.dtype)});
-      item_pieces(plain, r, nullptr, /*add_checked=*/true);  // only the checked units now
-    } else {
-      if (r.zero_fill) std::memset(it.data, 0, item_bytes(it));
-      item_pieces(plain, r, static_cast<char*>(it.data), /*add_checked=*/true);
+  }
+
+  // A verified span as units: under a budget cut into runs of whole blocks that fit the scratch.
+  void add_checked_span(const ReadItem& r, const TensorInfo* t, const storage::CheckedSpan& span, const Box& box,
+                        uint64_t es) {
+    const storage::RegionBlocks rb = storage::region_blocks(*t, t->regions[span.region]);
+    const int64_t be = std::max<int64_t>(1, static_cast<int64_t>(rb.block_bytes / es));
+    const int64_t step =
+        budget ? std::max<int64_t>(1, static_cast<int64_t>((room - kStagingAlign) / std::max<uint64_t>(rb.block_bytes, 1))) * be
+               : span.end - span.begin;
+    for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
+      const storage::CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
+      units.push_back({r.item, &r, t, false, chunk, box, static_cast<uint64_t>(chunk.end - chunk.begin) * es});
+    }
+  }
+
+  // Every planned item: its plain pieces, or a conversion unit, and its checked spans as units.
+  void collect_units() {
+    for (const ReadItem& r : run.cache.plan.items) {
+      StateItem& it = run.state.items()[r.item];
+      if (r.stored.file_offset < 0) continue;  // empty tensor
+      if (r.stored.dtype != it.dtype) {  // the conversion unit comes before the item's checked spans
+        units.push_back({r.item, &r, info.find(it.key), true, {}, {},
+                         static_cast<uint64_t>(it.shard.numel()) * dtype_size(r.stored.dtype)});
+        item_pieces(plain, r, nullptr, /*add_checked=*/true);  // only the checked units now
+      } else {
+        if (r.zero_fill) std::memset(it.data, 0, item_bytes(it));
+        item_pieces(plain, r, static_cast<char*>(it.data), /*add_checked=*/true);
+      }
     }
   }
 
   // Scratch: units packed in order into rounds of at most `room` bytes (units of one item stay in
-  // order, so an item's conversion always precedes the copy-out of its checked spans).
-  auto aligned = [](uint64_t n) { return align_up(std::max<uint64_t>(n, 1)); };
-  std::vector<size_t> round_end;  // units [round_end[k-1], round_end[k]) form round k
-  uint64_t fill = 0, most = 0;
-  Status local = prep;
-  for (size_t u = 0; u < units.size() && local.ok(); ++u) {
-    const uint64_t need = aligned(units[u].bytes);
-    if (need > room) {
-      const StateItem& it = run.state.items()[units[u].item];
-      local = Status(ErrorCode::kInvalidArgument,
-                     "key '" + it.key + "': a two-phase read needs " + std::to_string(need) + " bytes at once (" +
-                         (units[u].convert ? "its shard in the stored dtype, for conversion"
-                                           : "one verification block") +
-                         "), more than the " + std::to_string(room) + " bytes memory_bytes = " +
-                         std::to_string(budget) + " leaves beside the read windows");
-      break;
+  // order, so an item's conversion always precedes the copy-out of its checked spans). Each unit's
+  // buf holds its offset in the scratch until allocate_scratch places it.
+  void pack_rounds() {
+    auto aligned = [](uint64_t n) { return align_up(std::max<uint64_t>(n, 1)); };
+    uint64_t fill = 0;
+    local = prep;
+    for (size_t u = 0; u < units.size() && local.ok(); ++u) {
+      const uint64_t need = aligned(units[u].bytes);
+      if (need > room) {
+        const StateItem& it = run.state.items()[units[u].item];
+        local = Status(ErrorCode::kInvalidArgument,
+                       "key '" + it.key + "': a two-phase read needs " + std::to_string(need) + " bytes at once (" +
+                           (units[u].convert ? "its shard in the stored dtype, for conversion"
+                                             : "one verification block") +
+                           "), more than the " + std::to_string(room) + " bytes memory_bytes = " +
+                           std::to_string(budget) + " leaves beside the read windows");
+        break;
+      }
+      if (fill + need > room) {
+        round_end.push_back(u);
+        fill = 0;
+      }
+      units[u].buf = reinterpret_cast<char*>(static_cast<uintptr_t>(fill));  // an offset until placed
+      fill += need;
+      most = std::max(most, fill);
     }
-    if (fill + need > room) {
-      round_end.push_back(u);
-      fill = 0;
-    }
-    units[u].buf = reinterpret_cast<char*>(static_cast<uintptr_t>(fill));  // an offset until placed
-    fill += need;
-    most = std::max(most, fill);
+    if (!units.empty()) round_end.push_back(units.size());
   }
-  if (!units.empty()) round_end.push_back(units.size());
+
   // The scratch and, under a budget, the windows: from the pool (its capacity is leased from the
   // budget); without a budget the scratch is one buffer leased for this load only.
-  std::vector<char> heap;
-  MemoryBudget::Lease heap_lease;
-  char* scratch = nullptr;
-  char* slots = nullptr;
-  if (local.ok()) {
+  void allocate_scratch() {
+    if (!local.ok()) return;
     if (budget) {
       run.pool.reserve(2 * window + most);
       if (run.pool.capacity() < 2 * window + most)
@@ -623,18 +656,10 @@ Status execute_aggregated(LoadRun& run) {
       scratch = heap.data();
     }
   }
-  // Every rank learns the number of rounds (the most any rank needs) and any failure before any
-  // transfer: a budget too small is the same error on every rank, at the start.
-  int rounds = -static_cast<int>(round_end.size());  // agree() takes the minimum
-  H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world(), &rounds).with_context(run.where));
-  rounds = std::max(1, -rounds);
-  for (Unit& u : units) u.buf = scratch + reinterpret_cast<uintptr_t>(u.buf);
 
-  size_t first = 0;
-  std::optional<detail::WorkPool> checks;  // made for the first round with checked spans
-  std::atomic<uint64_t> check_ns{0};
-  for (int k = 0; k < rounds; ++k) {
-    const size_t last = k < static_cast<int>(round_end.size()) ? round_end[k] : first;
+  // Round k's aggregated read (collective: every rank calls it every round, even after a failure):
+  // the plain pieces in the first round, then the pieces of units [first, last).
+  void read_round(int k, size_t first, size_t last) {
     std::vector<ReadPiece> pieces;
     if (k == 0) pieces = std::move(plain);
     for (size_t u = first; u < last; ++u) {
@@ -656,85 +681,154 @@ Status execute_aggregated(LoadRun& run) {
       run.report.bytes_sent += done->bytes_sent;
       run.report.bytes_received += done->bytes_received;
     }
-    for (size_t u = first; u < last && local.ok(); ++u) {  // conversions first: they rewrite whole items
+  }
+
+  // Conversions first: they rewrite whole items.
+  void convert_round(size_t first, size_t last) {
+    for (size_t u = first; u < last && local.ok(); ++u) {
       const Unit& unit = units[u];
       StateItem& it = run.state.items()[unit.item];
       if (unit.convert && !detail::convert_elements(unit.buf, unit.tensor->dtype, it.data, it.dtype, it.shard.numel()))
         local = Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': cannot convert its stored dtype");
     }
-    // The round's checked spans, each checked and copied out as one job (in parallel: with an
-    // authentication key each block's MAC is CPU-bound).
-    if (local.ok() && first < last) {
-      if (!checks) checks.emplace(detail::default_threads(run.copts.verify_threads, run.topo.node.size()));
-      auto group = checks->group();
-      for (size_t u = first; u < last; ++u) {
-        const Unit& unit = units[u];
-        if (unit.convert) continue;
-        StateItem& it = run.state.items()[unit.item];
-        checks->submit(group, [&unit, &it, &check_ns] {
-          const double t0 = now_s();
-          Status st = storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
-          if (st.ok())
-            storage::copy_span_out(*unit.tensor, unit.span, unit.buf, unit.want, planner::frame_of(it.shard), it.dtype,
-                                   it.data);
-          check_ns += static_cast<uint64_t>((now_s() - t0) * 1e9);
-          return st;
-        });
-      }
-      checks->seal(group);
-      local = checks->wait(group);
-    }
-    first = last;
   }
-  run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
-  run.report.verify_threads = checks ? checks->threads() : 0;
-  run.report.read_s = now_s() - run.t0 - run.report.plan_s;
-  return comm::agree(local, run.world()).with_context(run.where);
+
+  // The round's checked spans, each checked and copied out as one job (in parallel: with an
+  // authentication key each block's MAC is CPU-bound).
+  void check_round(size_t first, size_t last) {
+    if (!local.ok() || first >= last) return;
+    if (!checks) checks.emplace(detail::default_threads(run.copts.verify_threads, run.topo.node.size()));
+    auto group = checks->group();
+    for (size_t u = first; u < last; ++u) {
+      const Unit& unit = units[u];
+      if (unit.convert) continue;
+      StateItem& it = run.state.items()[unit.item];
+      checks->submit(group, [&unit, &it, this] {
+        const double t0 = now_s();
+        Status st = storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
+        if (st.ok())
+          storage::copy_span_out(*unit.tensor, unit.span, unit.buf, unit.want, planner::frame_of(it.shard), it.dtype,
+                                 it.data);
+        check_ns += static_cast<uint64_t>((now_s() - t0) * 1e9);
+        return st;
+      });
+    }
+    checks->seal(group);
+    local = checks->wait(group);
+  }
+
+  Status execute() {
+    collect_units();
+    pack_rounds();
+    allocate_scratch();
+    // Every rank learns the number of rounds (the most any rank needs) and any failure before any
+    // transfer: a budget too small is the same error on every rank, at the start.
+    int rounds = -static_cast<int>(round_end.size());  // agree() takes the minimum
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world(), &rounds).with_context(run.where));
+    rounds = std::max(1, -rounds);
+    for (Unit& u : units) u.buf = scratch + reinterpret_cast<uintptr_t>(u.buf);
+    size_t first = 0;
+    for (int k = 0; k < rounds; ++k) {
+      const size_t last = k < static_cast<int>(round_end.size()) ? round_end[k] : first;
+      read_round(k, first, last);
+      convert_round(first, last);
+      check_round(first, last);
+      first = last;
+    }
+    run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
+    run.report.verify_threads = checks ? checks->threads() : 0;
+    run.report.read_s = now_s() - run.t0 - run.report.plan_s;
+    return comm::agree(local, run.world()).with_context(run.where);
+  }
+};
+
+Status execute_aggregated(LoadRun& run) {
+  PhaseScope scope("load", "read");
+  AggregatedLoad load(run);
+  return load.execute();
 }
 
 // Per-item reads: post every receive, then read (reader threads, in the plan's read order) and
 // send each item to its receivers as soon as it is read, so transfers overlap the next reads.
 // Device items land in host staging from the pool and go to the device while later items are
 // read; over a device transport, replicas are received straight into device memory.
-Status execute_per_item(LoadRun& run) {
-  PhaseScope scope("load", "read");
-  const LoadPlanCache& cache = run.cache;
-  const CheckpointInfo& info = *cache.info;
-  const std::vector<ReadItem>& plan = cache.plan.items;
-  auto mpi = comm::make_mpi_transport(run.world());
-  comm::Transport* dev_transport = cache.device_transport ? run.link.transport.get() : nullptr;
-  run.report.transport = dev_transport ? std::string(mpi->name()) + "+" + dev_transport->name() : mpi->name();
-  auto item_of = [&](const ReadItem& r) -> StateItem& { return run.state.items()[r.item]; };
-  auto over_device = [&](const ReadItem& r) { return r.on_device && dev_transport != nullptr; };
+// The steps, in order: place_landings, stage_device_items (agreed), post_receives, then the
+// readers (read_worker) beside send_as_read, and finish_transfers.
+struct PerItemLoad {
+  explicit PerItemLoad(LoadRun& r)
+      : run(r),
+        cache(r.cache),
+        info(*r.cache.info),
+        plan(r.cache.plan.items),
+        reads(r.cache.plan.read_order),
+        mpi(comm::make_mpi_transport(r.world())),
+        dev_transport(r.cache.device_transport ? r.link.transport.get() : nullptr),
+        budget(r.copts.memory_bytes),
+        staging(device::staging()) {}
 
+  LoadRun& run;
+  const LoadPlanCache& cache;
+  const CheckpointInfo& info;
+  const std::vector<ReadItem>& plan;
+  const std::vector<size_t>& reads;  // plan entries in read order
+  std::unique_ptr<comm::Transport> mpi;
+  comm::Transport* dev_transport;
+  const uint64_t budget;
+  device::Staging& staging;
   // Where each plan entry's bytes land here: the caller's buffer, or host staging for a device
   // item that is read or received over MPI.
-  std::vector<char*> landing(plan.size());
+  std::vector<char*> landing;
   Status local;
   uint64_t staged_bytes = 0;
+  bool any_streamed = false;
+  int threads = 1;          // reader threads
+  uint64_t slot_bytes = 0;  // each of a streaming reader's two slots
+  // What the readers report, per read (in read order).
+  std::vector<Status> read_status;
+  std::vector<char> read_done;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> extra_bytes{0};
+  std::atomic<uint64_t> check_ns{0};
+  std::optional<detail::WorkPool> checks;
+
+  StateItem& item_of(const ReadItem& r) { return run.state.items()[r.item]; }
+  bool over_device(const ReadItem& r) const { return r.on_device && dev_transport != nullptr; }
+  comm::Transport& via(const ReadItem& r) { return over_device(r) ? *dev_transport : *mpi; }
   // Under a memory budget, device items this rank reads stream through two slots per reader
   // thread (stream_to_device) instead of being staged whole; the plan (plan_reads) leaves no
   // device bytes to stage for MPI transfers then.
-  const uint64_t budget = run.copts.memory_bytes;
-  auto streamed = [&](const ReadItem& r) { return budget && r.on_device && r.role != Role::kReceive; };
-  bool any_streamed = false;
-  for (size_t k = 0; k < plan.size(); ++k) {
-    landing[k] = static_cast<char*>(item_of(plan[k]).data);
-    if (streamed(plan[k])) {
-      landing[k] = nullptr;
-      any_streamed = any_streamed || plan[k].bytes > 0;
-    } else if (plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport)) {
-      staged_bytes += align_up(plan[k].bytes);
+  bool streamed(const ReadItem& r) const { return budget && r.on_device && r.role != Role::kReceive; }
+  // A device item whose bytes land whole in host staging first.
+  bool staged(const ReadItem& r) const {
+    return !streamed(r) && r.on_device && !(r.role == Role::kReceive && dev_transport);
+  }
+
+  // Each entry's landing (the caller's buffer unless staged or streamed), and the reader threads
+  // and their slots.
+  void place_landings() {
+    landing.resize(plan.size());
+    for (size_t k = 0; k < plan.size(); ++k) {
+      landing[k] = static_cast<char*>(item_of(plan[k]).data);
+      if (streamed(plan[k])) {
+        landing[k] = nullptr;
+        any_streamed = any_streamed || plan[k].bytes > 0;
+      } else if (staged(plan[k])) {
+        staged_bytes += align_up(plan[k].bytes);
+      }
+    }
+    threads = std::max(1, std::min<int>(run.copts.io_threads, static_cast<int>(reads.size())));
+    if (any_streamed) {  // two slots per reader thread, each at least kStagingAlign bytes
+      threads = std::max(1, std::min<int>(threads, static_cast<int>(budget / (2 * kStagingAlign))));
+      slot_bytes = budget / (2 * static_cast<uint64_t>(threads)) / kStagingAlign * kStagingAlign;
     }
   }
-  const std::vector<size_t>& reads = cache.plan.read_order;
-  int threads = std::max(1, std::min<int>(run.copts.io_threads, static_cast<int>(reads.size())));
-  uint64_t slot_bytes = 0;
-  if (any_streamed) {  // two slots per reader thread, each at least kStagingAlign bytes
-    threads = std::max(1, std::min<int>(threads, static_cast<int>(budget / (2 * kStagingAlign))));
-    slot_bytes = budget / (2 * static_cast<uint64_t>(threads)) / kStagingAlign * kStagingAlign;
-  }
-  if (cache.any_device) {  // same on every rank: the staging outcome is agreed before any transfer
+
+  // The host staging of device items, from the pool. The same on every rank: the staging outcome
+  // is agreed before any transfer.
+  Status stage_device_items() {
+    if (!cache.any_device) return Status::Ok();
     if (budget && staged_bytes) {
       local = Status(ErrorCode::kInternal, "a load under memory_bytes would stage " + std::to_string(staged_bytes) +
                                                " bytes of device items whole");
@@ -749,46 +843,43 @@ Status execute_per_item(LoadRun& run) {
     H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world()).with_context(run.where));
     uint64_t off = 0;
     for (size_t k = 0; k < plan.size(); ++k)
-      if (!streamed(plan[k]) && plan[k].on_device && !(plan[k].role == Role::kReceive && dev_transport)) {
+      if (staged(plan[k])) {
         landing[k] = run.pool.base() + off;
         off += align_up(plan[k].bytes);
       }
-  }
-  auto via = [&](const ReadItem& r) -> comm::Transport& { return over_device(r) ? *dev_transport : *mpi; };
-  for (size_t k = 0; k < plan.size(); ++k) {
-    if (plan[k].role != Role::kReceive) continue;
-    Status s = via(plan[k]).post_recv(plan[k].reader, landing[k], plan[k].bytes, tag_of(plan[k].group));
-    if (local.ok() && !s.ok()) local = s;
-    run.report.bytes_received += plan[k].bytes;
+    return Status::Ok();
   }
 
-  // Reader threads (own file handles) read ahead in the plan's read order; this thread posts each
-  // item's sends as soon as it is complete.
-  std::vector<Status> read_status(reads.size());
-  std::vector<char> read_done(reads.size(), 0);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> extra_bytes{0};
-  std::atomic<uint64_t> check_ns{0};
-  device::Staging& staging = device::staging();
-  auto report_item = [&](size_t n, const Status& s) {
+  void post_receives() {
+    for (size_t k = 0; k < plan.size(); ++k) {
+      if (plan[k].role != Role::kReceive) continue;
+      Status s = via(plan[k]).post_recv(plan[k].reader, landing[k], plan[k].bytes, tag_of(plan[k].group));
+      if (local.ok() && !s.ok()) local = s;
+      run.report.bytes_received += plan[k].bytes;
+    }
+  }
+
+  void report_item(size_t n, const Status& s) {
     std::lock_guard<std::mutex> lock(mu);
     read_status[n] = s.ok() ? s : s.with_context("key '" + item_of(plan[reads[n]]).key + "'");
     read_done[n] = 1;
     cv.notify_all();
-  };
+  }
+
   // Block checks run on a pool while the readers read on (storage::RegionReader::defer_checks):
   // an item counts as read once its checks are done too. Not under a memory budget, whose
   // verification buffers are the reader's one chunk.
-  std::optional<detail::WorkPool> checks;
-  if (run.options.verify && !budget && local.ok()) {
+  void make_checks() {
+    if (!run.options.verify || budget || !local.ok()) return;
     // One chunk in flight per checker plus the one being read: landing buffers stay few (they are
     // still in cache when checked), and the readers stay at most that far ahead.
     const int n = detail::default_threads(run.copts.verify_threads, run.topo.node.size());
     checks.emplace(n, n + 1);
   }
-  auto worker = [&](storage::RegionReader* rdr, int index) {
+
+  // A reader thread (`rdr`: the run's reader, or null to open its own file handle) takes the
+  // next read of the plan's read order until none is left.
+  void read_worker(storage::RegionReader* rdr, int index) {
     char* slots = any_streamed ? run.pool.base() + 2 * static_cast<uint64_t>(index) * slot_bytes : nullptr;
     PhaseScope scope("load", "read");  // a stuck read names its phase in the deadline report
     std::optional<storage::RegionReader> own;
@@ -812,7 +903,7 @@ Status execute_per_item(LoadRun& run) {
                                      : read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]));
         continue;
       }
-      auto group = checks->group([&report_item, n](const Status& s) { report_item(n, s); });
+      auto group = checks->group([this, n](const Status& s) { report_item(n, s); });
       rdr->defer_checks({&*checks, group, &check_ns});
       checks->seal(group, read_boxes(info, *rdr, item_of(r), r, landing[reads[n]]));
     }
@@ -821,57 +912,90 @@ Status execute_per_item(LoadRun& run) {
       check_ns += static_cast<uint64_t>(rdr->check_s() * 1e9);
     }
     if (own) extra_bytes += own->bytes_read();
-  };
-  std::vector<std::thread> helpers;
-  std::thread main_reader;
-  if (local.ok()) {
-    for (int t = 1; t < threads; ++t) helpers.emplace_back(worker, nullptr, t);
-    main_reader = std::thread(worker, &*run.reader, 0);
   }
-  const double t_plan = run.t0 + run.report.plan_s;
-  for (size_t n = 0; n < reads.size(); ++n) {
-    const size_t k = reads[n];
-    const ReadItem& r = plan[k];
-    if (main_reader.joinable()) {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return read_done[n] != 0; });
-      if (local.ok() && !read_status[n].ok()) local = read_status[n];
+
+  // On this thread, in read order: waits for each item to be read (when readers run), copies a
+  // staged device item up, and posts its sends.
+  void send_as_read(bool readers_run) {
+    for (size_t n = 0; n < reads.size(); ++n) {
+      const size_t k = reads[n];
+      const ReadItem& r = plan[k];
+      if (readers_run) {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return read_done[n] != 0; });
+        if (local.ok() && !read_status[n].ok()) local = read_status[n];
+      }
+      void* device_ptr = item_of(r).data;
+      if (r.on_device && !streamed(r) && local.ok() && r.bytes > 0) {  // to the device while the next items are read
+        Status s = staging.copy_to_device(device_ptr, landing[k], r.bytes);
+        if (!s.ok()) local = s.with_context("key '" + item_of(r).key + "'");
+      }
+      // Send even after a failure, so the receivers are not left waiting; the agreement below fails
+      // the whole load anyway. A device transport sends from device memory, after the copy above.
+      const void* from = over_device(r) ? device_ptr : landing[k];
+      for (int peer : r.receivers) {
+        Status s = via(r).post_send(peer, from, r.bytes, tag_of(r.group));
+        if (local.ok() && !s.ok()) local = s;
+        run.report.bytes_sent += r.bytes;
+      }
+      (void)mpi->progress();
     }
-    void* device_ptr = item_of(r).data;
-    if (r.on_device && !streamed(r) && local.ok() && r.bytes > 0) {  // to the device while the next items are read
-      Status s = staging.copy_to_device(device_ptr, landing[k], r.bytes);
-      if (!s.ok()) local = s.with_context("key '" + item_of(r).key + "'");
-    }
-    // Send even after a failure, so the receivers are not left waiting; the agreement below fails
-    // the whole load anyway. A device transport sends from device memory, after the copy above.
-    const void* from = over_device(r) ? device_ptr : landing[k];
-    for (int peer : r.receivers) {
-      Status s = via(r).post_send(peer, from, r.bytes, tag_of(r.group));
-      if (local.ok() && !s.ok()) local = s;
-      run.report.bytes_sent += r.bytes;
-    }
-    (void)mpi->progress();
   }
-  if (main_reader.joinable()) main_reader.join();
-  for (auto& h : helpers) h.join();
-  run.report.read_s = now_s() - t_plan;
-  Status done = mpi->wait_all();
-  if (local.ok()) local = done;
-  if (dev_transport) {
-    done = dev_transport->wait_all();
+
+  // Reader threads (own file handles) read ahead in the plan's read order; this thread posts each
+  // item's sends as soon as it is complete.
+  void read_and_send() {
+    read_status.assign(reads.size(), Status());
+    read_done.assign(reads.size(), 0);
+    make_checks();
+    std::vector<std::thread> helpers;
+    std::thread main_reader;
+    if (local.ok()) {
+      for (int t = 1; t < threads; ++t) helpers.emplace_back(&PerItemLoad::read_worker, this, nullptr, t);
+      main_reader = std::thread(&PerItemLoad::read_worker, this, &*run.reader, 0);
+    }
+    const double t_plan = run.t0 + run.report.plan_s;
+    send_as_read(main_reader.joinable());
+    if (main_reader.joinable()) main_reader.join();
+    for (auto& h : helpers) h.join();
+    run.report.read_s = now_s() - t_plan;
+  }
+
+  // Waits for every transfer; received device items staged in host memory go up now.
+  void finish_transfers() {
+    Status done = mpi->wait_all();
     if (local.ok()) local = done;
+    if (dev_transport) {
+      done = dev_transport->wait_all();
+      if (local.ok()) local = done;
+    }
+    if (cache.any_device) {
+      for (size_t k = 0; k < plan.size() && local.ok(); ++k)
+        if (plan[k].on_device && plan[k].role == Role::kReceive && !dev_transport && plan[k].bytes > 0)
+          local = staging.copy_to_device(item_of(plan[k]).data, landing[k], plan[k].bytes);
+      done = staging.synchronize();
+      if (local.ok()) local = done;
+    }
+    run.report.bytes_read = (run.reader ? run.reader->bytes_read() : 0) + extra_bytes.load();
+    run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
+    run.report.verify_threads = checks ? checks->threads() : 0;
   }
-  if (cache.any_device) {  // received device items staged in host memory go up now
-    for (size_t k = 0; k < plan.size() && local.ok(); ++k)
-      if (plan[k].on_device && plan[k].role == Role::kReceive && !dev_transport && plan[k].bytes > 0)
-        local = staging.copy_to_device(item_of(plan[k]).data, landing[k], plan[k].bytes);
-    done = staging.synchronize();
-    if (local.ok()) local = done;
+
+  Status execute() {
+    run.report.transport = dev_transport ? std::string(mpi->name()) + "+" + dev_transport->name() : mpi->name();
+    place_landings();
+    H5CKPT_RETURN_IF_ERROR(stage_device_items());
+    post_receives();
+    read_and_send();
+    finish_transfers();
+    return comm::agree(local, run.world()).with_context(run.where);
   }
-  run.report.bytes_read = (run.reader ? run.reader->bytes_read() : 0) + extra_bytes.load();
-  run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
-  run.report.verify_threads = checks ? checks->threads() : 0;
-  return comm::agree(local, run.world()).with_context(run.where);
+};
+
+Status execute_per_item(LoadRun& run) {
+  PhaseScope scope("load", "read");
+  PerItemLoad load(run);
+  return load.execute();
 }
 
 // Times the end of a load (after its final agreement), records its metrics and logs it.

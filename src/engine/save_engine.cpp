@@ -25,7 +25,7 @@
 #include "storage/direct_writer.h"
 #include "storage/h5_writer.h"
 #include "storage/leftovers.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "storage/posix_io.h"
 #include "storage/retention.h"  // [retention]
 #include "util/phase.h"
@@ -426,31 +426,50 @@ std::unique_ptr<WriteSource> caller_buffer_source(Result<std::vector<planner::Wr
                                               half_bytes, std::move(staged));
 }
 
-Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source,
-                  MemoryBudget* budget) {
-  PhaseScope scope("save", "write");
-  const double t0 = now_s();
-  const MPI_Comm world = comms.world.get();
-  const bool coordinator = comms.world.rank() == comms.coordinator;
-  const std::vector<planner::TensorPlan>& tensors = *job.plan;
-  auto fail = [&](const Status& s) {
+namespace {
+
+// The write phase of one save, in steps: check_room (agreed), create_file (collective HDF5
+// create, agreed, with the aggregation decision), write_pieces (every piece of the source, straight
+// to the file or gathered for the aggregators), write_aggregated (collective), sync_and_close, and
+// one final agreement. A failed agreement drains the source and removes the temporary directory.
+struct SaveWrite {
+  SaveWrite(const Topology::Impl& comms, SaveJob& j, const CheckpointerOptions& c, WriteSource& s, MemoryBudget* b)
+      : job(j),
+        copts(c),
+        source(s),
+        budget(b),
+        world(comms.world.get()),
+        coordinator(comms.world.rank() == comms.coordinator),
+        tensors(*j.plan),
+        data_file((fs::path(j.temp) / storage::kDataFileName).string()) {}
+
+  SaveJob& job;
+  const CheckpointerOptions& copts;
+  WriteSource& source;
+  MemoryBudget* budget;
+  const MPI_Comm world;
+  const bool coordinator;
+  const std::vector<planner::TensorPlan>& tensors;
+  const std::string data_file;
+  std::optional<storage::ParallelWriter> h5writer;
+  std::optional<storage::DirectWriter> direct;
+  AggregationOffer offer;
+  bool aggregate = false;
+  uint64_t window = 0;
+  Status local;
+  std::optional<storage::BlockHasher> hasher;  // of the region whose pieces are streaming by
+  std::vector<WritePiece> pieces;              // runs for the aggregators
+
+  Status fail(const Status& s) {
     drain(source);
     if (coordinator) (void)storage::remove_tree(job.temp);
     if (coordinator) storage::release_save_lock(job.path);  // [save-lock]
     return s.with_context("save '" + job.path + "'");
-  };
+  }
 
-  // Datasets are created collectively; each rank then writes its pieces independently (no
-  // per-tensor collective), checksumming each region as its pieces stream by.
-  const std::string data_file = (fs::path(job.temp) / storage::kDataFileName).string();
-  std::optional<storage::ParallelWriter> h5writer;
-  std::optional<storage::DirectWriter> direct;
-  AggregationOffer offer = offer_aggregation(job.options, copts, source, budget);
-  bool aggregate = false;
-  uint64_t window = 0;
-  {
-    // A save that cannot fit fails here, before HDF5 writes anything (see check_free_space): the
-    // tensors, the padding before the aligned ones, and room for HDF5's headers and the index.
+  // A save that cannot fit fails here, before HDF5 writes anything (see check_free_space): the
+  // tensors, the padding before the aligned ones, and room for HDF5's headers and the index.
+  Status check_room() {
     Status room;
     if (coordinator) {
       uint64_t need = 1u << 20;
@@ -459,14 +478,18 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
       room = storage::check_free_space(job.temp, need);
     }
     if (Status a = comm::agree(room, world); !a.ok()) return fail(a);
+    return Status::Ok();
   }
-  {
+
+  // Datasets are created collectively; each rank then writes its pieces independently (no
+  // per-tensor collective). Whether the save aggregates, and with which window, is agreed here
+  // too: all or no ranks.
+  Status create_file() {
     std::lock_guard<std::mutex> lock(storage::hdf5_lock());
     // Collectives inside parallel HDF5 cannot be polled: a watchdog bounds them instead.
     std::optional<comm::BlockingGuard> guard(std::in_place, "parallel HDF5 file creation", world);
     auto writer = storage::ParallelWriter::create(data_file, world, tensors, copts.alignment, copts.mpi_hints);
     guard.reset();
-    // Whether the save aggregates, and with which window, is agreed here too: all or no ranks.
     int agreed[2] = {offer.possible, offer.window_units};
     if (Status a = comm::agree(writer.status(), world, agreed, 2); !a.ok()) return fail(a);
     aggregate = agreed[0] == 1 && agreed[1] > 0;
@@ -480,75 +503,80 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
       guard.reset();
       if (closed.ok() && coordinator) closed = storage::preallocate_file(data_file);
       if (Status a = comm::agree(closed, world); !a.ok()) return fail(a);
+      return Status::Ok();
+    }
+    // Through HDF5 too, a full disk must fail here: an ENOSPC inside H5Dwrite on some ranks
+    // leaves their metadata caches dirty and the collective close then runs mismatched
+    // collectives (a hang). The file is open, so its final size comes from the datasets.
+    uint64_t end = 0;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (job.offsets[t] >= 0)
+        end = std::max<uint64_t>(end, static_cast<uint64_t>(job.offsets[t]) + tensors[t].nbytes());
+    }
+    Status allocated = coordinator ? storage::preallocate_file(data_file, end) : Status::Ok();
+    if (Status a = comm::agree(allocated, world); !a.ok()) {
+      guard.emplace("parallel HDF5 close", world);
+      (void)h5writer->close();  // collective, and nothing was written: the caches agree
+      h5writer.reset();
+      guard.reset();
+      return fail(a);
+    }
+    return Status::Ok();
+  }
+
+  // One piece of the source: checksummed as it streams by, then written (or kept for the
+  // aggregators); a region's last piece records the region's checksums.
+  void write_piece(const SourcedWrite& sourced) {
+    const planner::WriteItem& w = *sourced.write;
+    const auto& t = tensors[w.tensor];
+    const ShardSpec& region = t.regions[w.region].shard;
+    if (job.options.checksums) {
+      if (!hasher) {
+        const uint64_t region_bytes = static_cast<uint64_t>(region.numel()) * dtype_size(t.dtype);
+        hasher.emplace(storage::region_identity(t.key, t.dtype, t.shape, region),
+                       storage::choose_block_bytes(region, t.dtype), region_bytes);
+      }
+      hasher->update(sourced.data, w.bytes);
+    }
+    if (aggregate && aggregate_runs(job.options.aggregate_writes, t, job.offsets[w.tensor], w, sourced.data, pieces)) {
+      // sent to the aggregators after the loop (the source is stable)
+    } else if (direct) {
+      local = direct->write(job.offsets[w.tensor], t.shape, t.dtype, w.box, sourced.data);
     } else {
-      // Through HDF5 too, a full disk must fail here: an ENOSPC inside H5Dwrite on some ranks
-      // leaves their metadata caches dirty and the collective close then runs mismatched
-      // collectives (a hang). The file is open, so its final size comes from the datasets.
-      uint64_t end = 0;
-      for (size_t t = 0; t < tensors.size(); ++t) {
-        if (job.offsets[t] >= 0)
-          end = std::max<uint64_t>(end, static_cast<uint64_t>(job.offsets[t]) + tensors[t].nbytes());
+      std::lock_guard<std::mutex> lock(storage::hdf5_lock());
+      local = h5writer->write(w.tensor, &w.box, sourced.data);
+    }
+    local = local.with_context("key '" + t.key + "'");
+    job.report.bytes_written += w.bytes;
+    if (w.region_end) {
+      wire::RegionChecksum sum{w.tensor, w.region, 0, {}};
+      if (hasher) {
+        sum.block_bytes = storage::choose_block_bytes(region, t.dtype);
+        sum.blocks = hasher->finish();
+        hasher.reset();
       }
-      Status allocated = coordinator ? storage::preallocate_file(data_file, end) : Status::Ok();
-      if (Status a = comm::agree(allocated, world); !a.ok()) {
-        guard.emplace("parallel HDF5 close", world);
-        (void)h5writer->close();  // collective, and nothing was written: the caches agree
-        h5writer.reset();
-        guard.reset();
-        return fail(a);
-      }
+      job.checksums.push_back(std::move(sum));
     }
   }
-  const double t_created = now_s();
-  Status local;
-  if (copts.direct_writes) {
-    auto d = storage::DirectWriter::open(data_file, copts.direct_io);
-    if (d.ok()) direct.emplace(std::move(d).value());
-    else local = d.status();
-  }
-  std::optional<storage::BlockHasher> hasher;  // of the region whose pieces are streaming by
-  job.checksums.clear();
-  std::vector<WritePiece> pieces;  // runs for the aggregators
-  while (auto sourced = source.next()) {
-    if (local.ok()) local = source.status();  // a failed staging copy: its bytes are not there
-    const planner::WriteItem& w = *sourced->write;
-    if (local.ok()) {
-      const auto& t = tensors[w.tensor];
-      const ShardSpec& region = t.regions[w.region].shard;
-      if (job.options.checksums) {
-        if (!hasher) {
-          const uint64_t region_bytes = static_cast<uint64_t>(region.numel()) * dtype_size(t.dtype);
-          hasher.emplace(storage::region_identity(t.key, t.dtype, t.shape, region),
-                         storage::choose_block_bytes(region, t.dtype), region_bytes);
-        }
-        hasher->update(sourced->data, w.bytes);
-      }
-      if (aggregate &&
-          aggregate_runs(job.options.aggregate_writes, t, job.offsets[w.tensor], w, sourced->data, pieces)) {
-        // sent to the aggregators after the loop (the source is stable)
-      } else if (direct) {
-        local = direct->write(job.offsets[w.tensor], t.shape, t.dtype, w.box, sourced->data);
-      } else {
-        std::lock_guard<std::mutex> lock(storage::hdf5_lock());
-        local = h5writer->write(w.tensor, &w.box, sourced->data);
-      }
-      local = local.with_context("key '" + t.key + "'");
-      job.report.bytes_written += w.bytes;
-      if (w.region_end) {
-        wire::RegionChecksum sum{w.tensor, w.region, 0, {}};
-        if (hasher) {
-          sum.block_bytes = storage::choose_block_bytes(region, t.dtype);
-          sum.blocks = hasher->finish();
-          hasher.reset();
-        }
-        job.checksums.push_back(std::move(sum));
-      }
+
+  // Every piece of the source, to its end (also after a failure: the source is drained).
+  void write_pieces() {
+    if (copts.direct_writes) {
+      auto d = storage::DirectWriter::open(data_file, copts.direct_io);
+      if (d.ok()) direct.emplace(std::move(d).value());
+      else local = d.status();
     }
-    source.done(*sourced);
+    job.checksums.clear();
+    while (auto sourced = source.next()) {
+      if (local.ok()) local = source.status();  // a failed staging copy: its bytes are not there
+      if (local.ok()) write_piece(*sourced);
+      source.done(*sourced);
+    }
   }
-  const double t_pieces = now_s();
-  if (aggregate) {
-    // Every rank takes part, whatever failed here: the others' sends and receives wait for it.
+
+  // Every rank takes part, whatever failed here: the others' sends and receives wait for it.
+  void write_aggregated() {
+    if (!aggregate) return;
     std::unique_lock<std::mutex> shared(shared_slots_mutex(), std::try_to_lock);
     WindowSlots own;
     WindowSlots& buffers = shared.owns_lock() ? shared_slots() : own;
@@ -562,21 +590,41 @@ Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerO
     else if (local.ok()) local = written.status().with_context("aggregated writes");
     if (budget && budget->bounded()) buffers.free();
   }
-  offer.lease.reset();
-  const double t_aggregated = now_s();
-  if (direct) {
-    job.report.bytes_direct = direct->direct_bytes();
-    job.report.write_calls = direct->write_calls();
-    Status synced = direct->sync_and_close();
-    if (local.ok()) local = synced;
-  } else if (h5writer) {
-    std::lock_guard<std::mutex> lock(storage::hdf5_lock());
-    const comm::BlockingGuard guard("parallel HDF5 flush and close", world);
-    Status closed = h5writer->close();  // collective: flush (MPI_File_sync) and close
-    if (local.ok()) local = closed;
+
+  void sync_and_close() {
+    if (direct) {
+      job.report.bytes_direct = direct->direct_bytes();
+      job.report.write_calls = direct->write_calls();
+      Status synced = direct->sync_and_close();
+      if (local.ok()) local = synced;
+    } else if (h5writer) {
+      std::lock_guard<std::mutex> lock(storage::hdf5_lock());
+      const comm::BlockingGuard guard("parallel HDF5 flush and close", world);
+      Status closed = h5writer->close();  // collective: flush (MPI_File_sync) and close
+      if (local.ok()) local = closed;
+    }
   }
+};
+
+}  // namespace
+
+Status save_write(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts, WriteSource& source,
+                  MemoryBudget* budget) {
+  PhaseScope scope("save", "write");
+  const double t0 = now_s();
+  SaveWrite w(comms, job, copts, source, budget);
+  w.offer = offer_aggregation(job.options, copts, source, budget);
+  H5CKPT_RETURN_IF_ERROR(w.check_room());
+  H5CKPT_RETURN_IF_ERROR(w.create_file());
+  const double t_created = now_s();
+  w.write_pieces();
+  const double t_pieces = now_s();
+  w.write_aggregated();
+  w.offer.lease.reset();
+  const double t_aggregated = now_s();
+  w.sync_and_close();
   const double t_synced = now_s();
-  if (Status a = comm::agree(local, world); !a.ok()) return fail(a);
+  if (Status a = comm::agree(w.local, w.world); !a.ok()) return w.fail(a);
   const double t_write = now_s();
   logging::log().debug(
       "write phase: create {:.3f}s, pieces {:.3f}s, aggregated {:.3f}s, fsync/close {:.3f}s, agreement {:.3f}s, "

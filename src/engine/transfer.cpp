@@ -304,6 +304,9 @@ struct StateTransfer::Impl {
 
   Status make_plan(const StateDict* src, const StateDict* dst, const TransferOptions& options);
   Result<TransferReport> run(const StateDict* src, StateDict* dst, const TransferOptions& options);
+
+  struct Call;
+  struct Round;
 };
 
 Status StateTransfer::Impl::make_plan(const StateDict* src, const StateDict* dst, const TransferOptions& options) {
@@ -346,83 +349,99 @@ Status StateTransfer::Impl::make_plan(const StateDict* src, const StateDict* dst
   return Status::Ok();
 }
 
-Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDict* dst_in,
-                                                const TransferOptions& options) {
-  const double t0 = now_s();
-  comm::set_timeout(options.timeout_s);
-  TransferReport report;
-  report.version = options.version;
-  H5CKPT_RETURN_IF_ERROR(init);
-  // Multi-piece items move as one item per piece (the source is only read).
-  std::optional<engine::ExpandedState> src_holder, dst_holder;
-  if (src_in) src_holder.emplace(const_cast<StateDict&>(*src_in));
-  if (dst_in) dst_holder.emplace(*dst_in);
-  const StateDict* src = src_in ? &src_holder->state() : nullptr;
-  StateDict* dst = dst_in ? &dst_holder->state() : nullptr;
+// One transfer() call, in steps: plan (cached, agreed), agree_delta, checksums_first (deltas
+// only), choose_moving_blocks, then per round exchange_round (place, post, check, agree, commit),
+// zero_padding and finish.
+struct StateTransfer::Impl::Call {
+  Call(Impl& i, const StateDict* src_in, StateDict* dst_in, const TransferOptions& o, double start)
+      : impl(i), options(o), t0(start), me(i.rank()) {
+    // Multi-piece items move as one item per piece (the source is only read).
+    if (src_in) src_holder.emplace(const_cast<StateDict&>(*src_in));
+    if (dst_in) dst_holder.emplace(*dst_in);
+    src = src_in ? &src_holder->state() : nullptr;
+    dst = dst_in ? &dst_holder->state() : nullptr;
+    report.version = options.version;
+  }
 
-  // ---- plan ----
-  {
+  Impl& impl;
+  const TransferOptions& options;
+  const double t0;
+  const int me;
+  std::optional<engine::ExpandedState> src_holder, dst_holder;
+  const StateDict* src = nullptr;
+  StateDict* dst = nullptr;
+  TransferReport report;
+  const std::vector<TransferPiece>* pieces = nullptr;  // impl.plan.pieces, once planned
+  size_t np = 0;
+  std::vector<PieceGeometry> geo;
+  bool hashed = false;      // sums are computed: to check the blocks (verify) or as the next delta's base
+  bool sums_first = false;  // a delta: the sums move before the data (they decide which blocks move)
+  std::vector<std::vector<uint64_t>> fresh;  // this version's sums, per piece
+  std::vector<std::vector<Run>> runs;        // the moving byte runs, per piece
+  double commit_s = 0;
+
+  const StateItem& src_item(const TransferPiece& p) const { return src->items()[p.src_item]; }
+  StateItem& dst_item(const TransferPiece& p) const { return dst->items()[p.dst_item]; }
+  const std::string& key_of(const TransferPiece& p) const { return p.src_rank == me ? src_item(p).key : dst_item(p).key; }
+  MPI_Comm w() const { return impl.w(); }
+
+  // Both sides checked, then the cached plan reused or a new one made (one agreement).
+  Status plan() {
     PhaseScope scope("transfer", "plan");
     Status local = engine::check_memory_bytes(options.memory_bytes);
-    if (local.ok()) local = check_side(src, src_in ? &*src_holder : nullptr, "source");
-    if (local.ok()) local = check_side(dst, dst_in ? &*dst_holder : nullptr, "destination");
+    if (local.ok()) local = check_side(src, src ? &*src_holder : nullptr, "source");
+    if (local.ok()) local = check_side(dst, dst ? &*dst_holder : nullptr, "destination");
     const uint64_t sig = local.ok() ? local_signature(src, dst, options) : 0;
-    int cached = local.ok() && planned && signature == sig;
+    int cached = local.ok() && impl.planned && impl.signature == sig;
     H5CKPT_RETURN_IF_ERROR(comm::agree(local, w(), &cached).with_context("transfer"));
     if (!cached) {
-      planned = false;
-      have_version = false;
-      sums.clear();
-      H5CKPT_RETURN_IF_ERROR(make_plan(src, dst, options).with_context("transfer"));
-      planned = true;
-      signature = sig;
+      impl.planned = false;
+      impl.have_version = false;
+      impl.sums.clear();
+      H5CKPT_RETURN_IF_ERROR(impl.make_plan(src, dst, options).with_context("transfer"));
+      impl.planned = true;
+      impl.signature = sig;
     }
     report.plan_cached = cached != 0;
+    for (int s : impl.plan.skipped) report.missing_keys.push_back(dst->items()[s].key);
+    report.rounds = impl.plan.rounds;
+    pieces = &impl.plan.pieces;
+    np = pieces->size();
+    return Status::Ok();
   }
-  for (int s : plan.skipped) report.missing_keys.push_back(dst->items()[s].key);
-  report.rounds = plan.rounds;
-  const int me = rank();
-  const std::vector<TransferPiece>& pieces = plan.pieces;
-  const size_t np = pieces.size();
-  auto src_item = [&](const TransferPiece& p) -> const StateItem& { return src->items()[p.src_item]; };
-  auto dst_item = [&](const TransferPiece& p) -> StateItem& { return dst->items()[p.dst_item]; };
-  auto key_of = [&](const TransferPiece& p) -> const std::string& {
-    return p.src_rank == me ? src_item(p).key : dst_item(p).key;
-  };
 
   // A delta needs the same previous version, hashed, on every rank (and the plan unchanged).
-  int64_t v[2] = {have_version ? version : LLONG_MIN, have_version ? -version : LLONG_MIN};
-  {
+  Status agree_delta() {
     PhaseScope scope("transfer", "plan");
+    int64_t v[2] = {impl.have_version ? impl.version : LLONG_MIN, impl.have_version ? -impl.version : LLONG_MIN};
     int64_t all[2];
     MPI_Request req;
     H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Iallreduce(v, all, 2, MPI_INT64_T, MPI_MIN, w(), &req), "MPI_Iallreduce"));
     H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "transfer version agreement", w()));
     report.delta = options.delta && all[0] != LLONG_MIN && all[1] != LLONG_MIN && all[0] == -all[1] &&
-                   sums.size() == np;
+                   impl.sums.size() == np;
+    return Status::Ok();
   }
-  report.plan_s = now_s() - t0;
 
-  // ---- checksums ----
-  std::vector<PieceGeometry> geo(np);
-  for (size_t k = 0; k < np; ++k) geo[k] = geometry_of(key_of(pieces[k]), pieces[k]);
-  // Sums are computed to check the blocks (verify) and to be the base of the next delta.
-  const bool hashed = options.verify || options.delta;
-  // A delta needs the sums before the data (they decide which blocks move); a full transfer sends
-  // them after the data of each round, hashing while the data moves.
-  const bool sums_first = hashed && report.delta;
-  std::vector<std::vector<uint64_t>> fresh(np);
-  if (sums_first) {
+  // A delta's sums before the data: each source hashes its pieces and sends the sums (one
+  // agreement). A full transfer sends them after the data of each round, hashing while it moves.
+  Status checksums_first() {
+    geo.resize(np);
+    for (size_t k = 0; k < np; ++k) geo[k] = geometry_of(key_of((*pieces)[k]), (*pieces)[k]);
+    hashed = options.verify || options.delta;
+    sums_first = hashed && report.delta;
+    fresh.resize(np);
+    if (!sums_first) return Status::Ok();
     PhaseScope scope("transfer", "checksums");
     auto mpi = comm::make_mpi_transport(w());
     Status local;
     for (size_t k = 0; k < np; ++k) {
-      const TransferPiece& p = pieces[k];
+      const TransferPiece& p = (*pieces)[k];
       if (p.src_rank == me) fresh[k] = hash_piece(src_item(p), p, geo[k]);
       else fresh[k].resize(geo[k].blocks);
     }
     for (size_t k = 0; k < np && local.ok(); ++k) {
-      const TransferPiece& p = pieces[k];
+      const TransferPiece& p = (*pieces)[k];
       if (p.src_rank == p.dst_rank) continue;
       const uint64_t bytes = geo[k].blocks * sizeof(uint64_t);
       local = p.src_rank == me ? mpi->post_send(p.dst_rank, fresh[k].data(), bytes, kSumTag)
@@ -430,168 +449,37 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
     }
     Status done = mpi->wait_all();
     if (local.ok()) local = done;
-    H5CKPT_RETURN_IF_ERROR(comm::agree(local, w()).with_context("transfer"));
+    return comm::agree(local, w()).with_context("transfer");
   }
-  report.checksum_s = now_s() - t0 - report.plan_s;
 
   // Which blocks move: all of them, or with a delta those whose sum changed.
-  std::vector<std::vector<Run>> runs(np);
-  for (size_t k = 0; k < np; ++k) {
-    const TransferPiece& p = pieces[k];
-    std::vector<char> moving(geo[k].blocks, 1);
-    if (report.delta)
-      for (uint64_t b = 0; b < geo[k].blocks; ++b) moving[b] = fresh[k][b] != sums[k][b];
-    runs[k] = moving_runs(moving, geo[k], p.bytes);
-    uint64_t moved = 0, blocks = 0;
-    for (const Run& r : runs[k]) moved += r.end - r.begin;
-    for (char m : moving) blocks += m != 0;
-    if (p.src_rank == me) report.bytes_sent += moved, report.blocks_sent += blocks;
-    if (p.dst_rank == me) {
-      report.bytes_received += moved, report.blocks_received += blocks;
-      report.bytes_total += p.bytes, report.blocks_total += geo[k].blocks;
+  void choose_moving_blocks() {
+    runs.resize(np);
+    for (size_t k = 0; k < np; ++k) {
+      const TransferPiece& p = (*pieces)[k];
+      std::vector<char> moving(geo[k].blocks, 1);
+      if (report.delta)
+        for (uint64_t b = 0; b < geo[k].blocks; ++b) moving[b] = fresh[k][b] != impl.sums[k][b];
+      runs[k] = moving_runs(moving, geo[k], p.bytes);
+      uint64_t moved = 0, blocks = 0;
+      for (const Run& r : runs[k]) moved += r.end - r.begin;
+      for (char m : moving) blocks += m != 0;
+      if (p.src_rank == me) report.bytes_sent += moved, report.blocks_sent += blocks;
+      if (p.dst_rank == me) {
+        report.bytes_received += moved, report.blocks_received += blocks;
+        report.bytes_total += p.bytes, report.blocks_total += geo[k].blocks;
+      }
     }
   }
 
-  // ---- exchange, round by round: stage, check, agree, commit ----
-  const double t_ex = now_s();
-  double commit_s = 0;
-  for (int round = 0; round < plan.rounds; ++round) {
-    PhaseScope scope("transfer", "exchange");
-    Status local;
-    // Staging: received runs (and a piece sent to itself) in `stage`; sends that are not one
-    // contiguous run of the source buffer (or that the fault hook corrupts) packed in `pack`.
-    std::vector<uint64_t> stage_at(np, 0), pack_at(np, UINT64_MAX);
-    std::vector<const char*> send_from(np, nullptr);
-    // Unverified and in-place transfers receive straight into the destination where a piece is one
-    // contiguous run of it in the source dtype (no staging, no copy after the check).
-    std::vector<char*> direct(np, nullptr);
-    uint64_t stage_bytes = 0, pack_bytes = 0;
-    for (size_t k = 0; k < np; ++k) {
-      const TransferPiece& p = pieces[k];
-      if (p.round != round || runs[k].empty()) continue;
-      if (p.dst_rank == me && (!options.verify || options.in_place)) direct[k] = contiguous_in(dst_item(p), p);
-      if (p.dst_rank == me && !direct[k]) {
-        stage_at[k] = stage_bytes;
-        for (const Run& r : runs[k]) stage_bytes += r.end - r.begin;
-      }
-      if (p.src_rank == me && p.dst_rank != me) {
-        send_from[k] = fault_armed(me, src_item(p).key) ? nullptr : contiguous_start(src_item(p), p.box);
-        if (!send_from[k]) {
-          pack_at[k] = pack_bytes;
-          pack_bytes += p.bytes;
-        }
-      }
-    }
-    if (stage.size() < stage_bytes) stage.resize(stage_bytes);
-    if (pack.size() < pack_bytes) pack.resize(pack_bytes);
-    report.memory_peak_bytes = std::max(report.memory_peak_bytes, stage_bytes + pack_bytes);
-    auto mpi = comm::make_mpi_transport(w());
-    const bool sums_after = hashed && !sums_first;
-    for (size_t k = 0; k < np && local.ok() && sums_after; ++k) {
-      const TransferPiece& p = pieces[k];
-      if (p.round != round || p.dst_rank != me || p.src_rank == me) continue;
-      fresh[k].resize(geo[k].blocks);
-      local = mpi->post_recv(p.src_rank, fresh[k].data(), geo[k].blocks * sizeof(uint64_t), kSumTag);
-    }
-    for (size_t k = 0; k < np && local.ok(); ++k) {  // receives first
-      const TransferPiece& p = pieces[k];
-      if (p.round != round || p.dst_rank != me || p.src_rank == me) continue;
-      uint64_t at = stage_at[k];
-      for (const Run& r : runs[k]) {
-        char* into = direct[k] ? direct[k] + r.begin : stage.data() + at;
-        local = mpi->post_recv(p.src_rank, into, r.end - r.begin, kDataTag);
-        at += r.end - r.begin;
-        if (!local.ok()) break;
-      }
-    }
-    for (size_t k = 0; k < np && local.ok(); ++k) {
-      const TransferPiece& p = pieces[k];
-      if (p.round != round || p.src_rank != me || runs[k].empty()) continue;
-      const bool corrupt = fault_armed(me, src_item(p).key);
-      if (p.dst_rank == me) {  // to itself: straight into staging (or the destination)
-        uint64_t at = stage_at[k];
-        for (const Run& r : runs[k]) {
-          char* into = direct[k] ? direct[k] + r.begin : stage.data() + at;
-          gather_rows(src_item(p), p.box, r.begin / geo[k].row, r.end / geo[k].row, into);
-          at += r.end - r.begin;
-        }
-        if (corrupt) (direct[k] ? direct[k][runs[k].front().begin] : stage[stage_at[k]]) ^= 0x01;
-        continue;
-      }
-      const char* base = send_from[k];
-      if (!base) {
-        char* out = pack.data() + pack_at[k];
-        gather_rows(src_item(p), p.box, 0, rows_of(p.box), out);
-        if (corrupt) out[runs[k].front().begin] ^= 0x01;
-        base = out;
-      }
-      for (const Run& r : runs[k]) {
-        local = mpi->post_send(p.dst_rank, base + r.begin, r.end - r.begin, kDataTag);
-        if (!local.ok()) break;
-      }
-    }
-    // While the data moves: the sums of this round's pieces (from the source buffers, not from a
-    // packed copy), sent after their data.
-    for (size_t k = 0; k < np && local.ok() && sums_after; ++k) {
-      const TransferPiece& p = pieces[k];
-      if (p.round != round || p.src_rank != me) continue;
-      fresh[k] = hash_piece(src_item(p), p, geo[k]);
-      if (p.dst_rank != me)
-        local = mpi->post_send(p.dst_rank, fresh[k].data(), geo[k].blocks * sizeof(uint64_t), kSumTag);
-      (void)mpi->progress();
-    }
-    Status done = mpi->wait_all();
-    if (local.ok()) local = done;
-    // Check every received block before anything reaches the destination's buffers.
-    if (options.verify) {
-      for (size_t k = 0; k < np && local.ok(); ++k) {
-        const TransferPiece& p = pieces[k];
-        if (p.round != round || p.dst_rank != me) continue;
-        uint64_t at = stage_at[k];
-        for (const Run& r : runs[k]) {
-          for (uint64_t lo = r.begin; lo < r.end && local.ok(); lo += geo[k].block_bytes) {
-            const uint64_t b = lo / geo[k].block_bytes, n = std::min(r.end, lo + geo[k].block_bytes) - lo;
-            const char* held = direct[k] ? direct[k] + lo : stage.data() + at + (lo - r.begin);
-            const uint64_t got = storage::block_checksum(geo[k].identity, b, held, n);
-            if (got != fresh[k][b])
-              local = Status(ErrorCode::kCorrupt,
-                             "key '" + key_of(p) + "': block " + std::to_string(b) + " of the piece at offset " +
-                                 to_string_shape(p.box.offset) + " shape " + to_string_shape(p.box.shape) +
-                                 " from source rank " + std::to_string(p.src_rank) +
-                                 " does not match its checksum on destination rank " + std::to_string(me) +
-                                 " (corrupted in flight); the destination keeps its previous version");
-          }
-          at += r.end - r.begin;
-        }
-      }
-    }
-    Status agreed = comm::agree(local, w()).with_context("transfer version " + std::to_string(options.version));
-    if (!agreed.ok()) {
-      // Earlier rounds committed, or bytes received in place: the destination holds no single version.
-      if (round > 0 || options.in_place) {
-        have_version = false;
-        sums.clear();
-      }
-      return agreed;
-    }
-    const double t_commit = now_s();
-    PhaseScope commit_scope("transfer", "commit");
-    for (size_t k = 0; k < np; ++k) {
-      const TransferPiece& p = pieces[k];
-      if (p.round != round || p.dst_rank != me || direct[k]) continue;
-      uint64_t at = stage_at[k];
-      for (const Run& r : runs[k]) {
-        scatter_rows(dst_item(p), p.src_dtype, p.box, r.begin / geo[k].row, r.end / geo[k].row, stage.data() + at);
-        at += r.end - r.begin;
-      }
-    }
-    commit_s += now_s() - t_commit;
-  }
+  Status exchange_round(int round);
+
   // A padded destination: rows past the sources' shape are zero.
-  if (dst)
+  void zero_padding() {
+    if (!dst) return;
     for (size_t i = 0; i < dst->size(); ++i) {
       StateItem& it = dst->items()[i];
-      const int64_t rows = plan.source_rows[i];
+      const int64_t rows = impl.plan.source_rows[i];
       if (rows < 0 || it.global_shape.empty() || it.global_shape[0] <= rows) continue;
       const uint64_t es = dtype_size(it.dtype);
       for (const Box& b : planner::shard_boxes(it.shard)) {
@@ -604,22 +492,224 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
                               });
       }
     }
-  report.exchange_s = now_s() - t_ex - commit_s;
-  report.commit_s = commit_s;
-  // The new version's sums become the base of the next delta.
-  if (hashed) {
-    sums = std::move(fresh);
-    have_version = true;
-  } else {
-    sums.clear();
-    have_version = false;
   }
-  version = options.version;
-  report.total_s = now_s() - t0;
-  logging::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}",
-                       options.version, report.bytes_sent, report.bytes_received, report.bytes_total,
-                       report.blocks_received, report.blocks_total, report.delta ? " (delta)" : "");
-  return report;
+
+  // The new version's sums become the base of the next delta.
+  TransferReport finish() {
+    if (hashed) {
+      impl.sums = std::move(fresh);
+      impl.have_version = true;
+    } else {
+      impl.sums.clear();
+      impl.have_version = false;
+    }
+    impl.version = options.version;
+    report.total_s = now_s() - t0;
+    logging::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}",
+                         options.version, report.bytes_sent, report.bytes_received, report.bytes_total,
+                         report.blocks_received, report.blocks_total, report.delta ? " (delta)" : "");
+    return std::move(report);
+  }
+};
+
+// One round of the exchange: where each piece's bytes are staged, sent from and received into.
+struct StateTransfer::Impl::Round {
+  Round(Call& c, int r) : call(c), round(r), stage_at(c.np, 0), pack_at(c.np, UINT64_MAX), send_from(c.np, nullptr),
+                          direct(c.np, nullptr), mpi(comm::make_mpi_transport(c.w())) {}
+
+  Call& call;
+  const int round;
+  // Staging: received runs (and a piece sent to itself) in `stage`; sends that are not one
+  // contiguous run of the source buffer (or that the fault hook corrupts) packed in `pack`.
+  std::vector<uint64_t> stage_at, pack_at;
+  std::vector<const char*> send_from;
+  // Unverified and in-place transfers receive straight into the destination where a piece is one
+  // contiguous run of it in the source dtype (no staging, no copy after the check).
+  std::vector<char*> direct;
+  std::unique_ptr<comm::Transport> mpi;
+  Status local;
+
+  bool in_round(size_t k) const { return (*call.pieces)[k].round == round; }
+  char* landing(size_t k, uint64_t stage_offset, uint64_t run_begin) {
+    return direct[k] ? direct[k] + run_begin : call.impl.stage.data() + stage_offset;
+  }
+
+  void place() {
+    const int me = call.me;
+    uint64_t stage_bytes = 0, pack_bytes = 0;
+    for (size_t k = 0; k < call.np; ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || call.runs[k].empty()) continue;
+      if (p.dst_rank == me && (!call.options.verify || call.options.in_place)) direct[k] = contiguous_in(call.dst_item(p), p);
+      if (p.dst_rank == me && !direct[k]) {
+        stage_at[k] = stage_bytes;
+        for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;
+      }
+      if (p.src_rank == me && p.dst_rank != me) {
+        send_from[k] = fault_armed(me, call.src_item(p).key) ? nullptr : contiguous_start(call.src_item(p), p.box);
+        if (!send_from[k]) {
+          pack_at[k] = pack_bytes;
+          pack_bytes += p.bytes;
+        }
+      }
+    }
+    if (call.impl.stage.size() < stage_bytes) call.impl.stage.resize(stage_bytes);
+    if (call.impl.pack.size() < pack_bytes) call.impl.pack.resize(pack_bytes);
+    call.report.memory_peak_bytes = std::max(call.report.memory_peak_bytes, stage_bytes + pack_bytes);
+  }
+
+  // Receives first (sums sent after their data, then the data), then this rank's sends.
+  void post_receives(bool sums_after) {
+    for (size_t k = 0; k < call.np && local.ok() && sums_after; ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
+      call.fresh[k].resize(call.geo[k].blocks);
+      local = mpi->post_recv(p.src_rank, call.fresh[k].data(), call.geo[k].blocks * sizeof(uint64_t), kSumTag);
+    }
+    for (size_t k = 0; k < call.np && local.ok(); ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
+      uint64_t at = stage_at[k];
+      for (const Run& r : call.runs[k]) {
+        local = mpi->post_recv(p.src_rank, landing(k, at, r.begin), r.end - r.begin, kDataTag);
+        at += r.end - r.begin;
+        if (!local.ok()) break;
+      }
+    }
+  }
+
+  void post_sends() {
+    std::vector<char>& stage = call.impl.stage;
+    for (size_t k = 0; k < call.np && local.ok(); ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      const std::vector<Run>& runs = call.runs[k];
+      if (!in_round(k) || p.src_rank != call.me || runs.empty()) continue;
+      const bool corrupt = fault_armed(call.me, call.src_item(p).key);
+      if (p.dst_rank == call.me) {  // to itself: straight into staging (or the destination)
+        uint64_t at = stage_at[k];
+        for (const Run& r : runs) {
+          gather_rows(call.src_item(p), p.box, r.begin / call.geo[k].row, r.end / call.geo[k].row,
+                      landing(k, at, r.begin));
+          at += r.end - r.begin;
+        }
+        if (corrupt) (direct[k] ? direct[k][runs.front().begin] : stage[stage_at[k]]) ^= 0x01;
+        continue;
+      }
+      const char* base = send_from[k];
+      if (!base) {
+        char* out = call.impl.pack.data() + pack_at[k];
+        gather_rows(call.src_item(p), p.box, 0, rows_of(p.box), out);
+        if (corrupt) out[runs.front().begin] ^= 0x01;
+        base = out;
+      }
+      for (const Run& r : runs) {
+        local = mpi->post_send(p.dst_rank, base + r.begin, r.end - r.begin, kDataTag);
+        if (!local.ok()) break;
+      }
+    }
+  }
+
+  // While the data moves: the sums of this round's pieces (from the source buffers, not from a
+  // packed copy), sent after their data.
+  void send_sums_after() {
+    for (size_t k = 0; k < call.np && local.ok(); ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.src_rank != call.me) continue;
+      call.fresh[k] = hash_piece(call.src_item(p), p, call.geo[k]);
+      if (p.dst_rank != call.me)
+        local = mpi->post_send(p.dst_rank, call.fresh[k].data(), call.geo[k].blocks * sizeof(uint64_t), kSumTag);
+      (void)mpi->progress();
+    }
+  }
+
+  // Every received block checked before anything reaches the destination's buffers.
+  void check_received() {
+    for (size_t k = 0; k < call.np && local.ok(); ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.dst_rank != call.me) continue;
+      const PieceGeometry& g = call.geo[k];
+      uint64_t at = stage_at[k];
+      for (const Run& r : call.runs[k]) {
+        for (uint64_t lo = r.begin; lo < r.end && local.ok(); lo += g.block_bytes) {
+          const uint64_t b = lo / g.block_bytes, n = std::min(r.end, lo + g.block_bytes) - lo;
+          const char* held = landing(k, at + (lo - r.begin), lo);
+          const uint64_t got = storage::block_checksum(g.identity, b, held, n);
+          if (got != call.fresh[k][b])
+            local = Status(ErrorCode::kCorrupt,
+                           "key '" + call.key_of(p) + "': block " + std::to_string(b) + " of the piece at offset " +
+                               to_string_shape(p.box.offset) + " shape " + to_string_shape(p.box.shape) +
+                               " from source rank " + std::to_string(p.src_rank) +
+                               " does not match its checksum on destination rank " + std::to_string(call.me) +
+                               " (corrupted in flight); the destination keeps its previous version");
+        }
+        at += r.end - r.begin;
+      }
+    }
+  }
+
+  // The staged bytes into the destination's buffers (converted to its dtype).
+  void commit() {
+    for (size_t k = 0; k < call.np; ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.dst_rank != call.me || direct[k]) continue;
+      uint64_t at = stage_at[k];
+      for (const Run& r : call.runs[k]) {
+        scatter_rows(call.dst_item(p), p.src_dtype, p.box, r.begin / call.geo[k].row, r.end / call.geo[k].row,
+                     call.impl.stage.data() + at);
+        at += r.end - r.begin;
+      }
+    }
+  }
+};
+
+// One round: stage, send and receive, check, agree, commit.
+Status StateTransfer::Impl::Call::exchange_round(int round) {
+  PhaseScope scope("transfer", "exchange");
+  Round r(*this, round);
+  r.place();
+  const bool sums_after = hashed && !sums_first;
+  r.post_receives(sums_after);
+  r.post_sends();
+  if (sums_after) r.send_sums_after();
+  Status done = r.mpi->wait_all();
+  if (r.local.ok()) r.local = done;
+  if (options.verify) r.check_received();
+  Status agreed = comm::agree(r.local, w()).with_context("transfer version " + std::to_string(options.version));
+  if (!agreed.ok()) {
+    // Earlier rounds committed, or bytes received in place: the destination holds no single version.
+    if (round > 0 || options.in_place) {
+      impl.have_version = false;
+      impl.sums.clear();
+    }
+    return agreed;
+  }
+  const double t_commit = now_s();
+  PhaseScope commit_scope("transfer", "commit");
+  r.commit();
+  commit_s += now_s() - t_commit;
+  return Status::Ok();
+}
+
+Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDict* dst_in,
+                                                const TransferOptions& options) {
+  const double t0 = now_s();
+  comm::set_timeout(options.timeout_s);
+  H5CKPT_RETURN_IF_ERROR(init);
+  Call call(*this, src_in, dst_in, options, t0);
+  H5CKPT_RETURN_IF_ERROR(call.plan());
+  H5CKPT_RETURN_IF_ERROR(call.agree_delta());
+  call.report.plan_s = now_s() - t0;
+  H5CKPT_RETURN_IF_ERROR(call.checksums_first());
+  call.report.checksum_s = now_s() - t0 - call.report.plan_s;
+  call.choose_moving_blocks();
+  const double t_ex = now_s();
+  for (int round = 0; round < plan.rounds; ++round) {
+    H5CKPT_RETURN_IF_ERROR(call.exchange_round(round));
+  }
+  call.zero_padding();
+  call.report.exchange_s = now_s() - t_ex - call.commit_s;
+  call.report.commit_s = call.commit_s;
+  return call.finish();
 }
 
 StateTransfer::StateTransfer(MPI_Comm world) : impl_(std::make_unique<Impl>()) {

@@ -7,7 +7,7 @@
 #include "storage/h5_writer.h"
 #include "storage/hdf5_util.h"
 #include "storage/meta_v2.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "storage/region_reader.h"
 
 namespace h5ckpt::storage {

@@ -8,7 +8,7 @@
 
 #include "storage/auth.h"
 #include "storage/commit.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "storage/region_reader.h"
 #include "util/checked_math.h"  // to_string_spec
 

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "logging/log.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "storage/posix_io.h"
 #include "storage/region_reader.h"
 

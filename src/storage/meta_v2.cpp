@@ -8,7 +8,6 @@
 #include "planner/box_math.h"
 #include "planner/region_overlap.h"
 #include "planner/save_planner.h"
-#include "storage/metadata.h"
 #include "storage/region_reader.h"
 #include "storage/auth.h"
 #include "storage/signed_json.h"

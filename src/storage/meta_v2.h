@@ -14,14 +14,12 @@
 #include <vector>
 
 #include "h5ckpt/checkpoint_info.h"
-
-namespace h5ckpt::storage {
-class RegionReader;
-}
+#include "storage/format.h"
 
 namespace h5ckpt::storage::v2 {
 
-inline constexpr int kFormatVersion = 2;
+/// The version this codec reads and writes.
+inline constexpr int kFormatVersion = kFormatVersionV2;
 
 /// The tables, in image order. Each is one dataset "/meta/<name>".
 enum class Table : int { kTensors, kRegions, kExtents, kBlocks, kCoords, kNames, kAttributes, kSavedCoords };

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "storage/auth.h"
-#include "storage/metadata.h"
+#include "storage/format.h"
 #include "util/checked_math.h"
 
 namespace h5ckpt::storage {

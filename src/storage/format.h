@@ -1,8 +1,11 @@
-// The global metadata. Format v2 (written): binary tables in the data file's /meta group and a
-// signed summary in `metadata.json` (storage/meta_v2.h). Format v1 (read only): the whole index as
-// JSON in `metadata.json`. Validated completely before anything trusts it.
+// What both index codecs share, and the choice between them. A checkpoint's `metadata.json`
+// declares its format version: v2 (written, storage/meta_v2.h) keeps the index as binary tables in
+// the data file and a signed summary in `metadata.json`; v1 (read only, storage/meta_v1.h) keeps
+// the whole index as JSON there. Each codec includes this header and never the other codec;
+// `read_metadata` is the one place that knows both.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,10 +16,12 @@ namespace h5ckpt::storage {
 
 class RegionReader;
 
-/// The format version this library writes, and the newest it reads.
-inline constexpr int kFormatVersion = 2;
 /// The JSON-indexed format version 1, still read.
 inline constexpr int kFormatVersionV1 = 1;
+/// The table-indexed format version 2.
+inline constexpr int kFormatVersionV2 = 2;
+/// The format version this library writes, and the newest it reads.
+inline constexpr int kFormatVersion = kFormatVersionV2;
 inline constexpr const char* kFormatName = "h5ckpt";
 // The file names are public (h5ckpt/checkpoint_info.h); storage code keeps its short names.
 using h5ckpt::kDataFileName;
@@ -35,16 +40,6 @@ uint64_t declared_format_version(const std::string& metadata_text);
 
 /// The error for a checkpoint newer than this library (kUnsupported).
 Status newer_than_library(uint64_t format_version);
-
-/// Format v1: serializes `info` (paths excluded) as compact JSON carrying its own xxh3
-/// ("index_xxh3"). Kept for tests and tools that make v1 checkpoints; saves write v2.
-std::string metadata_to_json(const CheckpointInfo& info);
-
-/// Format v1: parses and validates metadata text: self-checksum, known format and version,
-/// dtypes, every region inside its tensor, sizes without overflow, regions disjoint and covering
-/// each tensor, datasets inside a data file of `data_file_size` bytes and not overlapping each
-/// other. Unknown fields are ignored (forward compatible).
-Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data_file_size);
 
 /// xxh3-64 of a byte range (the checksum used for regions, tables and the metadata itself).
 uint64_t checksum_bytes(const void* data, size_t size);
