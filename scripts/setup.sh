@@ -9,7 +9,8 @@ PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libhdf5-op
           python3 python3-numpy python3-h5py libtomlplusplus-dev slurm-wlm
           python3-dev pybind11-dev python3-pybind11 python3-mpi4py python3-torch libsodium-dev
           glusterfs-server glusterfs-client  # the shared file system of the gluster tests
-          xfsprogs)  # mkfs.xfs for the xfs test (mpi_tests/xfs.cmake)
+          xfsprogs  # mkfs.xfs for the xfs test (mpi_tests/xfs.cmake)
+          clang-format)  # scripts/check_format.sh, run by .ci/run
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
