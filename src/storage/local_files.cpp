@@ -49,18 +49,51 @@ Status sync_close(int fd, const std::string& path) {
   return st;
 }
 
+// Local files' blocks are hashed with unkeyed xxh3 whether or not a key is configured (format
+// §11): they never leave the job's nodes, and a job restarted with another key (or none) must
+// still read them rather than take every block for damaged.
+struct LocalFileHasher::State {
+  explicit State(uint64_t id) : identity(id) {}
+  uint64_t identity;
+  XXH3_state_t* xxh = XXH3_createState();
+  uint64_t in_block = 0;
+  std::vector<uint64_t> sums;
+  void start() { XXH3_64bits_reset_withSeed(xxh, block_seed(identity, sums.size())); in_block = 0; }
+};
+
 LocalFileHasher::LocalFileHasher(const std::string& name, int rank, uint64_t bytes)
-    : bytes_(bytes), hasher_(new BlockHasher(local_file_identity(name, rank), local_block_bytes(), bytes)) {}
+    : bytes_(bytes), state_(new State(local_file_identity(name, rank))) {
+  state_->start();
+}
 
-LocalFileHasher::~LocalFileHasher() { delete static_cast<BlockHasher*>(hasher_); }
+LocalFileHasher::~LocalFileHasher() {
+  XXH3_freeState(state_->xxh);
+  delete state_;
+}
 
-void LocalFileHasher::update(const char* data, uint64_t n) { static_cast<BlockHasher*>(hasher_)->update(data, n); }
+void LocalFileHasher::update(const char* data, uint64_t n) {
+  const uint64_t block = local_block_bytes();
+  while (n) {
+    const uint64_t k = std::min(n, block - state_->in_block);
+    XXH3_64bits_update(state_->xxh, data, k);
+    data += k, n -= k, state_->in_block += k;
+    if (state_->in_block == block) {
+      state_->sums.push_back(XXH3_64bits_digest(state_->xxh));
+      state_->start();
+    }
+  }
+}
 
 LocalRankFile LocalFileHasher::finish() {
+  if (state_->in_block > 0) {
+    state_->sums.push_back(XXH3_64bits_digest(state_->xxh));
+    state_->start();
+  }
   LocalRankFile f;
   f.bytes = bytes_;
   f.block_bytes = local_block_bytes();
-  f.blocks = static_cast<BlockHasher*>(hasher_)->finish();
+  f.blocks = std::move(state_->sums);
+  state_->sums.clear();
   return f;
 }
 
@@ -93,21 +126,24 @@ Status LocalFileReader::check_block(int writer, File& f, uint64_t block) {
   const uint64_t start = block * rf.block_bytes, len = std::min(rf.block_bytes, rf.bytes - start);
   const uint64_t seed = block_seed(local_file_identity(manifest_.name, writer), block);
   uint64_t sum = 0;
+  cached_writer_ = -1;
   if (len <= cache_bytes_) {
-    cached_writer_ = -1;
     H5CKPT_RETURN_IF_ERROR(read_all(f.fd, cache_, len, start, f.path));
-    sum = block_checksum(local_file_identity(manifest_.name, writer), block, cache_, len);
+    sum = XXH3_64bits_withSeed(cache_, len, seed);
     cached_writer_ = writer, cached_block_ = block;
   } else {  // a budget smaller than a block: stream it through the cache to check it
     if (cache_bytes_ == 0) return Status(ErrorCode::kInternal, "local file reader without a cache");
-    cached_writer_ = -1;
-    BlockHasher h(seed, len, len);
-    for (uint64_t at = 0; at < len; at += cache_bytes_) {
+    XXH3_state_t* h = XXH3_createState();
+    XXH3_64bits_reset_withSeed(h, seed);
+    Status st;
+    for (uint64_t at = 0; at < len && st.ok(); at += cache_bytes_) {
       const uint64_t n = std::min(cache_bytes_, len - at);
-      H5CKPT_RETURN_IF_ERROR(read_all(f.fd, cache_, n, start + at, f.path));
-      h.update(cache_, n);
+      st = read_all(f.fd, cache_, n, start + at, f.path);
+      if (st.ok()) XXH3_64bits_update(h, cache_, n);
     }
-    sum = h.finish().at(0);
+    sum = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    H5CKPT_RETURN_IF_ERROR(st);
   }
   bytes_read_ += len;
   if (sum != rf.blocks[block]) {

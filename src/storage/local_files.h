@@ -14,7 +14,8 @@
 
 namespace h5ckpt::storage {
 
-/// Block size of the local files' checksums: the shared level's verification block target.
+/// Block size of the local files' checksums: the shared level's verification block target. A
+/// block's sum is xxh3-64 seeded as the shared level seeds its blocks (block_seed), never keyed.
 uint64_t local_block_bytes();
 
 /// The seed of saved rank `rank`'s blocks in local checkpoint `name`: a file swapped with another
@@ -40,8 +41,9 @@ class LocalFileHasher {
   LocalRankFile finish();
 
  private:
+  struct State;
   uint64_t bytes_;
-  void* hasher_;  // BlockHasher
+  State* state_;
 };
 
 /// The saved ranks' files of one local checkpoint, as the rank serving them reads them. Each file
