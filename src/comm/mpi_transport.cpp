@@ -8,11 +8,9 @@ namespace h5ckpt::comm {
 
 namespace {
 
-constexpr int kPollMicros = 50;  // wait_all's sleep between polls
-
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  MpiTransport(MPI_Comm comm, int poll_us) : comm_(comm), poll_us_(poll_us) {}
   ~MpiTransport() override {
     if (!requests_.empty()) (void)wait_all();
   }
@@ -49,10 +47,19 @@ class MpiTransport final : public Transport {
                       "MPI_Testall");
   }
 
+  Result<bool> test() override {
+    if (requests_.empty()) return true;
+    int flag = 0;
+    H5CKPT_RETURN_IF_ERROR(mpi_status(
+        MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall"));
+    if (flag) requests_.clear();
+    return flag != 0;
+  }
+
   // Asleep: a rank that has finished its reads waits here for transfers that need its peers'
   // reads first. A bulk transfer hardly notices the sleeps.
   Status wait_all() override {
-    Status st = wait_asleep(static_cast<int>(requests_.size()), requests_.data(), kPollMicros,
+    Status st = wait_asleep(static_cast<int>(requests_.size()), requests_.data(), poll_us_,
                             "transfers (MPI_Isend/MPI_Irecv)", comm_);
     requests_.clear();
     return st;
@@ -60,11 +67,14 @@ class MpiTransport final : public Transport {
 
  private:
   MPI_Comm comm_;
+  int poll_us_;
   std::vector<MPI_Request> requests_;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm) { return std::make_unique<MpiTransport>(comm); }
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int poll_us) {
+  return std::make_unique<MpiTransport>(comm, poll_us);
+}
 
 }  // namespace h5ckpt::comm

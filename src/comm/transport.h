@@ -24,10 +24,18 @@ class Transport {
   virtual Status progress() = 0;
   /// Completes every posted transfer.
   virtual Status wait_all() = 0;
+  /// Whether every posted transfer has completed (then they are released, as by wait_all), without
+  /// blocking. A transport that cannot tell waits for them.
+  virtual Result<bool> test() {
+    H5CKPT_RETURN_IF_ERROR(wait_all());
+    return true;
+  }
 };
 
 /// Point-to-point MPI over `comm` (which must outlive the transport); splits messages at
-/// comm::chunk_limit() (1 GiB). wait_all() is bounded by the timeout (comm/deadline.h).
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm);
+/// comm::chunk_limit() (1 GiB). wait_all() is bounded by the timeout (comm/deadline.h) and sleeps
+/// `poll_us` between polls (0: polls without sleeping, for bulk bytes that advance only inside
+/// MPI calls).
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int poll_us = 50);
 
 }  // namespace h5ckpt::comm

@@ -5,6 +5,7 @@
 
 #include "device/staging.h"
 #include "engine/level.h"
+#include "logging/log.h"
 #include "storage/commit.h"
 #include "storage/local_store.h"
 
@@ -124,7 +125,18 @@ class LocalLevel final : public Level {
       return Status(ErrorCode::kInvalidArgument, "check_only checks loads from the shared level only; this load "
                                                  "would read the node-local checkpoint '" + res.dir + "'")
           .with_context("load '" + res.requested + "'");
-    return local::load_local(ctx_.comms, state, res, options, ctx_.pool);
+    // A file that fails a block check while it is served is moved aside on every rank's word;
+    // resolving again then serves it from another copy, or reads another level.
+    bool retry = false;
+    auto rep = local::load_local(ctx_.comms, state, res, options, ctx_.pool, &retry);
+    for (int again = 0; !rep.ok() && retry && again < kCorruptRetries; ++again) {
+      logging::log().warn("load of '{}': {}; resolving again", res.requested, rep.status().to_string());
+      auto next = resolve(res.requested, false);
+      if (!next.ok()) return next.status();
+      if (!next->local) return shared_.load(state, *next, options);
+      rep = local::load_local(ctx_.comms, state, *next, options, ctx_.pool, &retry);
+    }
+    return rep;
   }
 
  private:
@@ -133,6 +145,7 @@ class LocalLevel final : public Level {
     H5CKPT_ASSIGN_OR_RETURN(nodes_, local::make_node_map(ctx_.comms));
     return Status::Ok();
   }
+  static constexpr int kCorruptRetries = 3;
   LevelContext ctx_;
   SharedLevel shared_;  // loads of shared checkpoints, and persists' commits go through save_commit
   std::shared_ptr<const local::NodeMap> nodes_;  // made by the first local save or load

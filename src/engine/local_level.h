@@ -4,8 +4,9 @@
 //
 // A local save runs the same prepare and write source as a shared one, then, collectively:
 //   local_write (each rank's planned bytes to <local_dir>/.<name>.partial/rank-<r>.bin, fsync)
-//   -> manifest (sizes and checksums to the coordinator, the manifest to every rank)
-//   -> replicate (each file to the same-index rank of the next local_replicas nodes, checked)
+//   -> manifest (sizes and block checksums to the coordinator, the manifest to every rank)
+//   -> replicate (each file to the same-index rank of the next local_replicas nodes while it is
+//      written, engine/replica_stream.h; each copy's block sums checked against the manifest)
 //   -> commit (node leaders write the manifest, then rename the partial directory; one
 //      agreement before and one after) -> retention -> [persist: save_write + save_commit of the
 //      shared checkpoint, reading the local file].
@@ -79,19 +80,23 @@ struct Resolution {
   std::string dir;          ///< this node's copy of the checkpoint (may lack files it does not serve)
 };
 
-/// Collective over topo.world: the newest servable local checkpoint standing for `path` (the
-/// files it serves checked against the manifest) if it is at least as new as the newest shared
+/// Collective over topo.world: the newest servable local checkpoint standing for `path` (every
+/// saved rank's file present with its size on a live node; files of older manifests, which have
+/// no block sums, read whole and checked) if it is at least as new as the newest shared
 /// one at `path`; else the shared one, whose metadata the coordinator reads once. With
 /// `with_info` every rank then reads the shared checkpoint's metadata too (for the caller's
 /// state); without, only its directory is set (a load reads the metadata itself).
 Result<Resolution> resolve(const Topology::Impl& topo, const std::string& path, const CheckpointerOptions& copts,
                            const NodeMap& nodes, bool with_info);
 
-/// Loads `state` from a local resolution: every rank asks the servers of the regions it overlaps
-/// for exactly the elements it wants, and they read them from their local files and send them in
-/// rounds through a bounded window: under memory_bytes, `pool` (leased from its budget); else a
-/// buffer of at most about 256 MiB for this load. Collective; `pool` must be idle.
+/// Loads `state` from a local resolution (engine/local_load.cpp): the planner's pieces of every
+/// wanted shard (planner/local_reads.h) are requested from the ranks serving their files, which
+/// read them, checking each file block the first time they read it, and send them in rounds
+/// through a bounded window: under memory_bytes, `pool` (leased from its budget); else a buffer
+/// of at most about 256 MiB for this load. Collective; `pool` must be idle. When a block fails its
+/// check, its file is moved aside (storage::quarantine_local_file), the load fails on every rank
+/// and `*retry` is true on every rank: a new resolution serves that file from another copy.
 Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, const Resolution& res,
-                              const LoadOptions& options, StagingPool& pool);
+                              const LoadOptions& options, StagingPool& pool, bool* retry);
 
 }  // namespace h5ckpt::engine::local

@@ -242,4 +242,89 @@ Result<std::string> decode_outcome(const std::string& msg) {
   return payload;
 }
 
+std::string encode_listing(const std::vector<storage::LocalEntry>& entries) {
+  ByteWriter w;
+  w.put<uint64_t>(entries.size());
+  for (const auto& e : entries) {
+    w.put_string(e.name);
+    w.put<uint64_t>(e.manifest_id);
+    w.put<int64_t>(e.step);
+    w.put<uint64_t>(e.world);
+    w.put<uint64_t>(e.ranks.size());
+    for (int r : e.ranks) w.put<int64_t>(r);
+    w.put<uint64_t>(e.node_of_rank.size());
+    for (int n : e.node_of_rank) w.put<int64_t>(n);
+  }
+  return w.str();
+}
+
+Result<std::vector<storage::LocalEntry>> decode_listing(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<storage::LocalEntry> out;
+  const uint64_t n = r.get_count(8 + 8 + 8 + 8 + 8 + 8);
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
+    storage::LocalEntry e;
+    e.name = r.get_string();
+    e.manifest_id = r.get<uint64_t>();
+    e.step = r.get<int64_t>();
+    e.world = r.get<uint64_t>();
+    const uint64_t k = r.get_count(8);
+    for (uint64_t j = 0; j < k && r.ok(); ++j) e.ranks.push_back(static_cast<int>(r.get<int64_t>()));
+    const uint64_t m = r.get_count(8);
+    for (uint64_t j = 0; j < m && r.ok(); ++j) e.node_of_rank.push_back(static_cast<int>(r.get<int64_t>()));
+    out.push_back(std::move(e));
+  }
+  if (!(r.ok() && r.at_end())) return malformed("local listing");
+  return out;
+}
+
+std::string encode_choice(const LevelChoice& c) {
+  ByteWriter w;
+  w.put<uint64_t>(c.local ? 1 : 0);
+  w.put_string(c.reason);
+  w.put_string(c.name);
+  if (!c.local) return w.str();
+  w.put<uint64_t>(c.manifest_id);
+  w.put<int64_t>(c.manifest_root);
+  w.put<uint64_t>(c.server.size());
+  for (int s : c.server) w.put<int64_t>(s);
+  return w.str();
+}
+
+Result<LevelChoice> decode_choice(const std::string& bytes) {
+  ByteReader r(bytes);
+  LevelChoice c;
+  c.local = r.get<uint64_t>() != 0;
+  c.reason = r.get_string();
+  c.name = r.get_string();
+  if (c.local) {
+    c.manifest_id = r.get<uint64_t>();
+    c.manifest_root = static_cast<int>(r.get<int64_t>());
+    const uint64_t n = r.get_count(8);
+    for (uint64_t i = 0; i < n && r.ok(); ++i) c.server.push_back(static_cast<int>(r.get<int64_t>()));
+  }
+  if (!(r.ok() && r.at_end())) return malformed("level choice");
+  return c;
+}
+
+void put_local_request(ByteWriter& w, const LocalRequest& q) {
+  w.put<uint64_t>(q.tensor);
+  w.put<uint64_t>(q.region);
+  put_shard(w, q.want);
+}
+
+Result<std::vector<LocalRequest>> decode_local_requests(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<LocalRequest> out;
+  while (r.ok() && !r.at_end()) {
+    LocalRequest q;
+    q.tensor = r.get<uint64_t>();
+    q.region = r.get<uint64_t>();
+    q.want = get_shard(r);
+    out.push_back(std::move(q));
+  }
+  if (!r.ok()) return malformed("local-level request");
+  return out;
+}
+
 }  // namespace h5ckpt::engine::wire

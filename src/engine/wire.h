@@ -12,6 +12,7 @@
 #include "h5ckpt/status.h"
 #include "planner/load_planner.h"
 #include "planner/save_planner.h"
+#include "storage/local_store.h"
 #include "util/bytes.h"
 
 namespace h5ckpt::engine::wire {
@@ -54,6 +55,36 @@ Result<std::vector<RegionChecksum>> decode_checksums(const std::string& bytes);
 /// Two strings in one message (e.g. a checkpoint directory and its metadata text).
 std::string encode_pair(const std::string& first, const std::string& second);
 Result<std::pair<std::string, std::string>> decode_pair(const std::string& bytes);
+
+/// Local-level resolution, up to the coordinator: one node's committed local checkpoints for a
+/// path (name, manifest id, step, saved world, the saved ranks whose file it holds, the node that
+/// saved each rank). `dir` is not sent.
+std::string encode_listing(const std::vector<storage::LocalEntry>& entries);
+Result<std::vector<storage::LocalEntry>> decode_listing(const std::string& bytes);
+
+/// Local-level resolution, down from the coordinator: which level a load reads. Local: the
+/// checkpoint's name and manifest id, a rank holding its manifest, and the live rank serving each
+/// saved rank's file. Shared: the shared checkpoint's path (`name`).
+struct LevelChoice {
+  bool local = false;
+  std::string reason;
+  std::string name;
+  uint64_t manifest_id = 0;
+  int manifest_root = -1;
+  std::vector<int> server;
+};
+std::string encode_choice(const LevelChoice& c);
+Result<LevelChoice> decode_choice(const std::string& bytes);
+
+/// A local load's requests, from a requester to one server: for each saved region it wants part
+/// of, (tensor, region, the wanted shard). Both sides plan the same pieces from it
+/// (planner/local_reads.h).
+struct LocalRequest {
+  uint64_t tensor = 0, region = 0;
+  ShardSpec want;
+};
+void put_local_request(ByteWriter& w, const LocalRequest& q);
+Result<std::vector<LocalRequest>> decode_local_requests(const std::string& bytes);
 
 /// The root's outcome reaches every rank: each returns the root's error, or its payload.
 /// `on_root` is read on the root only. Collective over `comm`.

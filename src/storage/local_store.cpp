@@ -33,6 +33,30 @@ bool is_partial_name(const std::string& name) {
          name.compare(name.size() - std::strlen(kPartialSuffix), std::string::npos, kPartialSuffix) == 0;
 }
 
+// A file entry: [bytes, block_bytes, "<16 hex digits per block>"], or an older manifest's
+// [bytes, "<xxh3 of the whole file>"].
+Result<LocalRankFile> decode_file_entry(const json& f) {
+  LocalRankFile rf;
+  if (!f.is_array() || (f.size() != 2 && f.size() != 3) || !json_int(f[0], &rf.bytes))
+    return corrupt("files must be [bytes, block_bytes, block sums] (or older [bytes, xxh3])");
+  if (f.size() == 2) {
+    if (!parse_hex64(f[1], &rf.xxh3)) return corrupt("files: a whole-file xxh3 that is not 16 hex digits");
+    return rf;
+  }
+  if (!json_int(f[1], &rf.block_bytes) || rf.block_bytes == 0 || rf.block_bytes > (1ull << 30) || !f[2].is_string())
+    return corrupt("files: block_bytes must be in 1..2^30, followed by a string of block sums");
+  const std::string& sums = f[2].get_ref<const std::string&>();
+  const uint64_t blocks = rf.bytes / rf.block_bytes + (rf.bytes % rf.block_bytes != 0 ? 1 : 0);
+  if (sums.size() != 16 * blocks)
+    return corrupt("files: " + std::to_string(rf.bytes) + " bytes in blocks of " + std::to_string(rf.block_bytes) +
+                   " need " + std::to_string(blocks) + " block sums, the entry holds " + std::to_string(sums.size()) +
+                   " hex digits");
+  rf.blocks.resize(blocks);
+  for (uint64_t b = 0; b < blocks; ++b)
+    if (!parse_hex64(json(sums.substr(16 * b, 16)), &rf.blocks[b])) return corrupt("files: a block sum is not hex");
+  return rf;
+}
+
 }  // namespace
 
 std::string local_rank_file(int rank) { return "rank-" + std::to_string(rank) + ".bin"; }
@@ -69,7 +93,16 @@ std::string encode_local_manifest(const LocalManifest& m) {
   h["sizes"] = {m.sizes.tp, m.sizes.dp, m.sizes.pp, m.sizes.cp, m.sizes.ep};
   json coords = json::array(), files = json::array();
   for (const auto& c : m.coords) coords.push_back({c.tp, c.dp, c.pp, c.cp, c.ep, c.edp});
-  for (const auto& f : m.files) files.push_back({f.bytes, hex64(f.xxh3)});
+  for (const auto& f : m.files) {
+    if (f.block_bytes == 0) {  // as older versions wrote it (tests of their manifests)
+      files.push_back({f.bytes, hex64(f.xxh3)});
+      continue;
+    }
+    std::string sums;
+    sums.reserve(16 * f.blocks.size());
+    for (uint64_t b : f.blocks) sums += hex64(b);
+    files.push_back({f.bytes, f.block_bytes, std::move(sums)});
+  }
   h["coords"] = std::move(coords);
   h["node_of_rank"] = m.node_of_rank;
   h["files"] = std::move(files);
@@ -122,10 +155,9 @@ Result<LocalManifest> decode_local_manifest(const std::string& bytes) {
       m.node_of_rank.push_back(x);
     }
     for (const auto& f : h.at("files")) {
-      LocalRankFile rf;
-      if (!f.is_array() || f.size() != 2 || !json_int(f[0], &rf.bytes) || !parse_hex64(f[1], &rf.xxh3))
-        return corrupt("files must be [bytes, xxh3] pairs");
-      m.files.push_back(rf);
+      auto rf = decode_file_entry(f);
+      if (!rf.ok()) return rf.status();
+      m.files.push_back(std::move(rf).value());
     }
     m.attributes = h.at("attributes").get<std::map<std::string, std::string>>();
     uint64_t plan_bytes = 0;

@@ -29,7 +29,11 @@ std::string canonical_path(const std::string& path);
 
 struct LocalRankFile {
   uint64_t bytes = 0;
-  uint64_t xxh3 = 0;  ///< of the whole file
+  uint64_t xxh3 = 0;  ///< older manifests only (block_bytes 0): of the whole file
+  /// Checksums of the file's blocks (storage/local_files.h): block_bytes each, the last one
+  /// shorter. 0: an older manifest, which recorded only `xxh3`.
+  uint64_t block_bytes = 0;
+  std::vector<uint64_t> blocks;
 };
 
 /// What one local checkpoint holds; the same on every node.
@@ -70,7 +74,7 @@ struct LocalEntry {
 /// manifests are skipped with a warning.
 std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std::string& path);
 
-/// xxh3 of a whole file, which must have `bytes` bytes.
+/// xxh3 of a whole file, which must have `bytes` bytes (the check of older manifests' files).
 Result<uint64_t> file_xxh3(const std::string& path, uint64_t bytes);
 
 /// Deletes all but the `keep` newest committed local checkpoints of `dir` (by step, then name),

@@ -45,6 +45,12 @@ inline uint64_t block_count(uint64_t region_bytes, uint64_t block_bytes) {
 /// The seed of a region's blocks: binds the bytes to what they mean.
 uint64_t region_identity(const std::string& key, DType dtype, const Shape& shape, const ShardSpec& region);
 
+/// The seed of block `block_index` of a stream with `identity` (block_checksum's seed; a
+/// BlockHasher given it as identity hashes that one block as its block 0).
+inline uint64_t block_seed(uint64_t identity, uint64_t block_index) {
+  return identity ^ (block_index * 0x9E3779B97F4A7C15ull);
+}
+
 /// xxh3 of one block.
 uint64_t block_checksum(uint64_t identity, uint64_t block_index, const void* data, uint64_t size);
 
