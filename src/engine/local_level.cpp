@@ -22,6 +22,7 @@
 #include "storage/posix_io.h"
 #include "util/bytes.h"
 #include "util/phase.h"
+#include "util/test_points.h"
 
 namespace h5ckpt::engine::local {
 
@@ -29,28 +30,6 @@ namespace fs = std::filesystem;
 using logging::now_s;
 
 namespace {
-
-// Tests: H5CKPT_TEST_KILL_AT=point[:rank[:nth]] kills this process with SIGKILL the nth time (default
-// first) it reaches `point` (on `rank` only, when given), as a node failure would: no destructor,
-// no flush, no message to the others.
-void kill_point(const char* point, int rank) {
-  const char* at = std::getenv("H5CKPT_TEST_KILL_AT");
-  if (at == nullptr) return;
-  static std::map<std::string, int> reached;  // only the thread running the save calls this
-  std::string spec(at);
-  std::vector<std::string> f;
-  for (size_t b = 0, e; b <= spec.size(); b = e + 1) {
-    e = spec.find(':', b);
-    if (e == std::string::npos) e = spec.size();
-    f.push_back(spec.substr(b, e - b));
-  }
-  if (f[0] != point || (f.size() > 1 && !f[1].empty() && std::atoi(f[1].c_str()) != rank)) return;
-  const int nth = f.size() > 2 ? std::atoi(f[2].c_str()) : 1;
-  if (++reached[point] != nth) return;
-  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_KILL_AT=%s: rank %d kills itself\n", at, rank);
-  std::fflush(stderr);
-  ::raise(SIGKILL);
-}
 
 // Reads a local file's pieces in order for the persist (a WriteSource over the local copy).
 class LocalFileSource : public WriteSource {
@@ -294,7 +273,7 @@ Status commit(const SaveContext& c, const std::string& manifest) {
   if (c.leader) {
     std::error_code ec;
     if (fs::exists(c.final_dir, ec)) st = storage::remove_tree(c.final_dir);  // a re-save of the same step
-    kill_point("local_commit", c.me);
+    util::test_point("local_commit", c.me);
     if (st.ok() && storage::io::rename(c.partial, c.final_dir) != 0)
       st = storage::io::error("rename", c.partial + "' to '" + c.final_dir, errno);
     if (st.ok()) st = storage::fsync_path(c.local.dir);
@@ -312,7 +291,7 @@ Result<SaveReport> persist(const SaveContext& c) {
                             c.local.persist_writes);
   SaveReport local_report = c.job.report;
   c.job.report.bytes_written = 0;
-  kill_point("persist_write", c.me);
+  util::test_point("persist_write", c.me);
   H5CKPT_RETURN_IF_ERROR(save_write(c.comms, c.job, c.copts, from_file));
   auto shared = save_commit(c.comms, c.job, c.copts);
   if (!shared.ok()) return shared.status().with_context("persisting local checkpoint '" + c.final_dir + "'");
@@ -343,8 +322,8 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
   std::vector<ReplicaStream::Received> copies;
   uint64_t received = 0;
   Status st = write_and_replicate(c, source, &file, &copies, &received);
-  kill_point("local_write", c.me);
-  kill_point("local_replica", c.me);
+  util::test_point("local_write", c.me);
+  util::test_point("local_replica", c.me);
   if (Status a = comm::agree(st, c.world); !a.ok()) return fail(a);
   storage::LocalManifest manifest;
   auto manifest_bytes = share_manifest(c, file, &manifest);
