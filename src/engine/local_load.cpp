@@ -256,8 +256,9 @@ Status plan_and_request(LocalLoad& L, const planner::LocalFileOffsets& offsets) 
 
 // The chunk every stream is cut at (the smallest any rank proposes) and the arena: a send and a
 // receive slot per peer (each as large as its stream's largest chunk), the file reader's block
-// cache and the device items' staging. Under a budget the arena is the staging pool, whose
-// capacity is leased from it; else `own`, a buffer of this load's own (counted).
+// cache and the device items' staging. The arena is the staging pool (under a budget its capacity
+// is leased from it); without a budget, where the pool cannot grow, `own`, a buffer of this load's
+// own (counted).
 Status layout_window(LocalLoad& L, std::unique_ptr<char[]>& own, MemoryBudget::Lease& lease) {
   MemoryBudget* budget = L.pool.budget();
   const bool bounded = budget && budget->bounded();
@@ -296,9 +297,16 @@ Status layout_window(LocalLoad& L, std::unique_ptr<char[]>& own, MemoryBudget::L
                       std::to_string(staging) + "), more than memory_bytes = " + std::to_string(budget->limit()) +
                       " holds: raise memory_bytes (H5CKPT_MEMORY_BYTES)");
   } else if (need) {
-    own.reset(new char[need]);  // not zeroed: slots are filled before use, staging zeroed below
-    arena = own.get();
-    if (budget) lease = MemoryBudget::Lease(budget, budget->try_reserve(need) ? need : 0);
+    // The pool outlives this load (its pages are touched once, not on every load: a fresh buffer's
+    // first-touch faults cost more than the reads here); a buffer of its own where it cannot grow.
+    L.pool.reserve(need);
+    if (L.pool.capacity() >= need) {
+      arena = L.pool.base();
+    } else {
+      own.reset(new char[need]);  // not zeroed: slots are filled before use, staging zeroed below
+      arena = own.get();
+      if (budget) lease = MemoryBudget::Lease(budget, budget->try_reserve(need) ? need : 0);
+    }
   }
   H5CKPT_RETURN_IF_ERROR(comm::agree(st, L.world));
   for (Dest& d : L.dests) {
