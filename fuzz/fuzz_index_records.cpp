@@ -35,10 +35,10 @@ namespace {
 
 struct Reference {
   CheckpointInfo info;
-  std::vector<char> data;                  // the tensors' bytes, as saved (file offsets from 0)
+  std::vector<char> data;  // the tensors' bytes, as saved (file offsets from 0)
   v2::Encoded encoded;
   std::array<int64_t, v2::kTableCount> offsets{};
-  std::string path;                        // scratch data file
+  std::string path;  // scratch data file
 };
 
 int64_t linear(const Shape& shape, const Shape& at) {
@@ -115,8 +115,8 @@ Reference build() {
     ref.offsets[i] = ref.encoded.tables[i].empty() ? -1 : at;
     at += static_cast<int64_t>(ref.encoded.tables[i].size());
   }
-  ref.path = (access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm") : std::string("/tmp")) +
-             "/h5ckpt-fuzz-index-" + std::to_string(getpid()) + ".h5";
+  ref.path = (access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm") : std::string("/tmp")) + "/h5ckpt-fuzz-index-" +
+             std::to_string(getpid()) + ".h5";
   return ref;
 }
 
@@ -143,7 +143,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* in, size_t size) {
     if (table.empty()) continue;
     const uint64_t rec_bytes = table.size() / std::max<uint64_t>(enc.records[ed[0] % v2::kTableCount], 1);
     const uint64_t records = table.size() / std::max<uint64_t>(rec_bytes, 1);
-    const uint64_t pos = (le(ed + 1, 4) % std::max<uint64_t>(records, 1)) * rec_bytes + ed[5] % std::max<uint64_t>(rec_bytes, 1);
+    const uint64_t pos =
+        (le(ed + 1, 4) % std::max<uint64_t>(records, 1)) * rec_bytes + ed[5] % std::max<uint64_t>(rec_bytes, 1);
     const int width = 1 << (ed[6] & 3);
     const uint64_t value = le(ed + 7, 8);
     for (int b = 0; b < width && pos + b < table.size(); ++b) table[pos + b] = static_cast<char>(value >> (8 * b));

@@ -29,7 +29,8 @@ std::string resigned(const std::string& text, const uint8_t* image, size_t image
   for (size_t i = 0; i < v2::kTableCount; ++i) {
     auto t = j["tables"].find(v2::table_name(static_cast<v2::Table>(i)));
     uint64_t bytes = 0;
-    if (t == j["tables"].end() || !t->is_object() || !h5ckpt::storage::json_member_int(*t, "bytes", &bytes)) return text;
+    if (t == j["tables"].end() || !t->is_object() || !h5ckpt::storage::json_member_int(*t, "bytes", &bytes))
+      return text;
     at = (at + 7) / 8 * 8;
     if (at > image_size || bytes > image_size - at) return text;
     (*t)["xxh3"] = h5ckpt::storage::hex64(h5ckpt::storage::checksum_bytes(image + at, bytes));

@@ -58,8 +58,9 @@ CheckpointInfo index_seed(bool checksums) {
   auto add = [&](std::string key, DType dtype, Shape shape, int64_t offset, std::vector<SavedRegion> regions) {
     int64_t n = 1;
     for (int64_t e : shape) n *= e;
-    TensorInfo t{std::move(key), dtype, std::move(shape), static_cast<uint64_t>(n) * dtype_size(dtype),
-                 n ? offset : -1, std::move(regions)};
+    TensorInfo t{std::move(key),   dtype,
+                 std::move(shape), static_cast<uint64_t>(n) * dtype_size(dtype),
+                 n ? offset : -1,  std::move(regions)};
     for (auto& r : t.regions)
       if (!checksums) {
         r.block_bytes = 0;

@@ -65,10 +65,12 @@ std::string tensor_bytes_differ(const std::string& a, const std::string& b) {
   const std::vector<char> fa = file_bytes(ia->data_file), fb = file_bytes(ib->data_file);
   for (size_t t = 0; t < ia->tensors.size(); ++t) {
     const TensorInfo &x = ia->tensors[t], &y = ib->tensors[t];
-    if (x.key != y.key || x.file_offset != y.file_offset || x.nbytes != y.nbytes) return "'" + x.key + "' placed differently";
+    if (x.key != y.key || x.file_offset != y.file_offset || x.nbytes != y.nbytes)
+      return "'" + x.key + "' placed differently";
     const auto at = static_cast<size_t>(x.file_offset);
     if (at + x.nbytes > fa.size() || at + x.nbytes > fb.size()) return "'" + x.key + "' past the end of the file";
-    if (!std::equal(fa.begin() + at, fa.begin() + at + x.nbytes, fb.begin() + at)) return "'" + x.key + "' bytes differ";
+    if (!std::equal(fa.begin() + at, fa.begin() + at + x.nbytes, fb.begin() + at))
+      return "'" + x.key + "' bytes differ";
     if (x.regions.size() != y.regions.size()) return "'" + x.key + "' region counts differ";
     for (size_t r = 0; r < x.regions.size(); ++r)
       if (region_to_string(x.regions[r].shard) != region_to_string(y.regions[r].shard) ||
@@ -131,14 +133,13 @@ TEST_F(AggregatedWrite, EveryByteLandsAndHolesStayForAnyWindow) {
     ASSERT_GE(fd, 0);
     uint64_t calls = 0;
     std::vector<char> slots(2 * window);
-    auto r = engine::aggregated_write(MPI_COMM_WORLD, pieces, window, slots.data(),
-                                      [&](const char* p, uint64_t len, uint64_t off) {
-                                        ++calls;
-                                        return ::pwrite(fd, p, len, static_cast<off_t>(off)) ==
-                                                       static_cast<ssize_t>(len)
-                                                   ? Status::Ok()
-                                                   : Status(ErrorCode::kIo, "pwrite");
-                                      });
+    auto r = engine::aggregated_write(
+        MPI_COMM_WORLD, pieces, window, slots.data(), [&](const char* p, uint64_t len, uint64_t off) {
+          ++calls;
+          return ::pwrite(fd, p, len, static_cast<off_t>(off)) == static_cast<ssize_t>(len)
+                     ? Status::Ok()
+                     : Status(ErrorCode::kIo, "pwrite");
+        });
     ::fsync(fd);
     ::close(fd);
     ASSERT_TRUE(r.ok()) << "window " << window << ": " << r.status().to_string();
@@ -156,9 +157,8 @@ TEST_F(AggregatedWrite, EveryByteLandsAndHolesStayForAnyWindow) {
           const uint64_t i = chunks[c].first + k;
           const unsigned char want = owner_of[c] < 0 ? kUntouched : byte_at(i);
           if (static_cast<unsigned char>(got[i]) != want)
-            return "byte " + std::to_string(i) + (owner_of[c] < 0 ? " of a hole" : " of rank " +
-                                                                                     std::to_string(owner_of[c])) +
-                   " is wrong";
+            return "byte " + std::to_string(i) +
+                   (owner_of[c] < 0 ? " of a hole" : " of rank " + std::to_string(owner_of[c])) + " is wrong";
         }
       return "";
     });

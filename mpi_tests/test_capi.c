@@ -221,8 +221,9 @@ static void load_dp_layout(const char* path) {
   lo.strictness = H5CKPT_STRICT_RAISE_ALL;
   rc = h5ckpt_load_with_options(ck, only_b, path, &lo);
   CHECK(rc == H5CKPT_INVALID_ARGUMENT, "raise_all with unexpected keys -> %d (%s)", rc, h5ckpt_last_error());
-  CHECK(strstr(h5ckpt_last_error(), "4 keys in the checkpoint the state does not ask for: 'extra/blob', "
-                                    "'model/h_bf16', 'model/w', 'optimizer/m'") != NULL,
+  CHECK(strstr(h5ckpt_last_error(),
+               "4 keys in the checkpoint the state does not ask for: 'extra/blob', "
+               "'model/h_bf16', 'model/w', 'optimizer/m'") != NULL,
         "text: %s", h5ckpt_last_error());
   CHECK(bb[0] == -5.0 && bb[12] == -5.0, "a failing load wrote into a buffer");
   lo.strictness = H5CKPT_STRICT_IGNORE_UNEXPECTED;
@@ -423,8 +424,8 @@ static void options_round_trip(const char* root) {
   co.memory_bytes = 100;
   OK(h5ckpt_checkpointer_create_with_options(topo, &co, &small));
   rc = h5ckpt_load(small, back, s2, 1);
-  CHECK(rc == H5CKPT_INVALID_ARGUMENT && strstr(h5ckpt_last_error(), "memory"),
-        "memory_bytes 100 -> %d (%s)", rc, h5ckpt_last_error());
+  CHECK(rc == H5CKPT_INVALID_ARGUMENT && strstr(h5ckpt_last_error(), "memory"), "memory_bytes 100 -> %d (%s)", rc,
+        h5ckpt_last_error());
   h5ckpt_checkpointer_free(small);
   co.memory_bytes = 2048;
   OK(h5ckpt_checkpointer_create_with_options(topo, &co, &small));

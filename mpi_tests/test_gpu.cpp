@@ -521,4 +521,3 @@ TEST_F(Gpu, NcclSetupDeadlineEndsTheJobWhenAPeerStops) {
 }
 
 }  // namespace
-

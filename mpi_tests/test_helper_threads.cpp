@@ -166,10 +166,8 @@ TEST_F(HelperThreads, PooledVerificationLoadsEveryValueAndCatchesAFlipInAnyBlock
     int block;  // -1: the region's last block
     bool last_element;
   };
-  const std::vector<Target> targets = {{"w/cols", false, 3, true},
-                                       {"w/rows", true, -1, true},
-                                       {"w/flat", true, 1, false},
-                                       {"w/cols", true, 0, false}};
+  const std::vector<Target> targets = {
+      {"w/cols", false, 3, true}, {"w/rows", true, -1, true}, {"w/flat", true, 1, false}, {"w/cols", true, 0, false}};
   int case_no = 0;
   for (const Target& target : targets) {
     const TensorInfo* t = info->find(target.key);
@@ -235,9 +233,9 @@ TEST_F(HelperThreads, ParallelSnapshotSavesExactlyTheValuesAtTheCall) {
       const Shape s{1 + (i * 37) % 101, 1 + (i * 11) % 13};  // odd sizes, some a few bytes
       t.add("small/" + std::to_string(i), i % 3 ? DType::kU8 : DType::kF32, s, ShardSpec::whole(s), fill);
     }
-    const Shape big{1237, 1031};     // about 5 MiB of f32 per rank: several 1 MiB slices
+    const Shape big{1237, 1031};       // about 5 MiB of f32 per rank: several 1 MiB slices
     const Shape odd{3 * 1048577 + 5};  // bytes: larger than a slice, an odd length
-    const Shape cut{777, 2049};      // with max_piece_bytes below: several pieces
+    const Shape cut{777, 2049};        // with max_piece_bytes below: several pieces
     t.add("big", DType::kF32, big, ShardSpec::split(big, 0, n, r), fill);
     t.add("odd", DType::kU8, odd, ShardSpec::split(odd, 0, n, r), fill);
     t.add("cut", DType::kF32, cut, ShardSpec::split(cut, 1, n, r), fill);

@@ -27,8 +27,8 @@
 
 using namespace h5ckpt;
 using h5ckpt::testing::Layout;
-using h5ckpt::testing::TestModel;
 using h5ckpt::testing::max_all;
+using h5ckpt::testing::TestModel;
 using h5ckpt::testing::world_rank;
 using h5ckpt::testing::world_size;
 namespace fs = std::filesystem;

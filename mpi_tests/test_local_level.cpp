@@ -165,9 +165,10 @@ TEST_F(LocalLevel, ReshardsThroughASmallWindowWithinTheBudget) {
     std::vector<float> f32(per_f32);
     for (int64_t i = 0; i < per_u8; ++i) u8[i] = u8_value(world_rank() * per_u8 + i);
     for (int64_t i = 0; i < per_f32; ++i) f32[i] = f32_value(world_rank() * per_f32 + i);
-    s.state().add("extra/a_u8", DType::kU8, {w * per_u8}, ShardSpec::split({w * per_u8}, 0, w, world_rank()), u8.data());
-    s.state().add("extra/b_converted", DType::kF32, {w * per_f32},
-                  ShardSpec::split({w * per_f32}, 0, w, world_rank()), f32.data());
+    s.state().add("extra/a_u8", DType::kU8, {w * per_u8}, ShardSpec::split({w * per_u8}, 0, w, world_rank()),
+                  u8.data());
+    s.state().add("extra/b_converted", DType::kF32, {w * per_f32}, ShardSpec::split({w * per_f32}, 0, w, world_rank()),
+                  f32.data());
     SaveOptions so;
     so.step = 9;
     ASSERT_TRUE(ck.save(s.state(), step_path(9), so).ok());

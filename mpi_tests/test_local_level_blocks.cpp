@@ -203,7 +203,8 @@ TEST_F(LocalBlocks, OlderManifestsWithoutBlockSumsStillLoad) {
   Checkpointer ck(t, opts);
   ASSERT_TRUE(save(ck, 3).ok());
   // Every rank hashes its own file whole; every node leader rewrites its manifest in the old form.
-  auto own = storage::file_xxh3(local_file(my_node(), 3, world_rank()), fs::file_size(local_file(my_node(), 3, world_rank())));
+  auto own =
+      storage::file_xxh3(local_file(my_node(), 3, world_rank()), fs::file_size(local_file(my_node(), 3, world_rank())));
   ASSERT_TRUE(own.ok()) << own.status().to_string();
   std::vector<uint64_t> sums(static_cast<size_t>(world_size()));
   uint64_t mine = *own;
@@ -214,7 +215,8 @@ TEST_F(LocalBlocks, OlderManifestsWithoutBlockSumsStillLoad) {
     ASSERT_TRUE(bytes.ok());
     auto m = storage::decode_local_manifest(*bytes);
     ASSERT_TRUE(m.ok()) << m.status().to_string();
-    for (size_t r = 0; r < m->files.size(); ++r) m->files[r] = storage::LocalRankFile{m->files[r].bytes, sums[r], 0, {}};
+    for (size_t r = 0; r < m->files.size(); ++r)
+      m->files[r] = storage::LocalRankFile{m->files[r].bytes, sums[r], 0, {}};
     ASSERT_TRUE(storage::write_file_atomic(mf, storage::encode_local_manifest(*m)).ok());
   }
   if (node_count() > 1 && world_rank() == 0) flip_byte(local_file(0, 3, 0), 100);

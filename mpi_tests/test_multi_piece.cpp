@@ -28,8 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kF = 24;  // ffn rows of each half (divisible by every TP and world size used: 1, 2, 4, 8)
-constexpr int64_t kH = 5;   // hidden
+constexpr int64_t kF = 24;   // ffn rows of each half (divisible by every TP and world size used: 1, 2, 4, 8)
+constexpr int64_t kH = 5;    // hidden
 const Shape kW{2 * kF, kH};  // fused fc1 weight [gate; up]
 const Shape kB{2 * kF};      // fused fc1 bias
 constexpr double kGap = -7.0, kUnset = -1.0;
@@ -430,9 +430,7 @@ TEST_F(MultiPiece, ErrorsNameTheKeyAndPiece) {
        {ShardPiece{rows(kW, 0, 2), 0},
         ShardPiece{ShardSpec::flat_range(Box{{0, 0}, kW}, 2 * kH - 1, 3 * kH), 2 * row_bytes}},
        "in the global tensor"},
-      {"overlap_buffer",
-       {ShardPiece{rows(kW, 0, 4), 0}, ShardPiece{rows(kW, 10, 4), 3 * row_bytes}},
-       "in the buffer"},
+      {"overlap_buffer", {ShardPiece{rows(kW, 0, 4), 0}, ShardPiece{rows(kW, 10, 4), 3 * row_bytes}}, "in the buffer"},
       {"outside",
        {ShardPiece{rows(kW, 0, 4), 0}, ShardPiece{rows(kW, 2 * kF - 2, 4), 4 * row_bytes}},
        "piece 1 (offset [46,0] shape [4,5], buffer offset 80) is outside the global shape"},
@@ -455,8 +453,8 @@ TEST_F(MultiPiece, ErrorsNameTheKeyAndPiece) {
   {  // a multi-piece item and an ordinary item of the same key on one rank are still a duplicate
     StateDict s;
     good.add_to(s, "model/w");
-    s.add_pieces("model/dup", DType::kF32, kW, {ShardPiece{rows(kW, 0, 2), 0}, ShardPiece{rows(kW, 4, 2), 2 * row_bytes}},
-                 buf.data());
+    s.add_pieces("model/dup", DType::kF32, kW,
+                 {ShardPiece{rows(kW, 0, 2), 0}, ShardPiece{rows(kW, 4, 2), 2 * row_bytes}}, buf.data());
     s.add("model/dup", DType::kF32, kW, rows(kW, 6, 2), buf.data());
     Checkpointer ck(topo);
     Status st = ck.save(s, root_ + "/dup").status();
@@ -467,8 +465,8 @@ TEST_F(MultiPiece, ErrorsNameTheKeyAndPiece) {
   {  // the same piece twice in one item is an overlap, not a replica
     StateDict s;
     good.add_to(s, "model/w");
-    s.add_pieces("model/twice", DType::kF32, kW, {ShardPiece{rows(kW, 0, 2), 0}, ShardPiece{rows(kW, 0, 2), 2 * row_bytes}},
-                 buf.data());
+    s.add_pieces("model/twice", DType::kF32, kW,
+                 {ShardPiece{rows(kW, 0, 2), 0}, ShardPiece{rows(kW, 0, 2), 2 * row_bytes}}, buf.data());
     Checkpointer ck(topo);
     Status st = ck.save(s, root_ + "/twice").status();
     ASSERT_FALSE(st.ok());

@@ -131,46 +131,46 @@ void check_topology(const Topology& t, const Layout& L, const Expected& e, const
         << "all_coords of rank " << r;
   }
   auto at = [&](int r) -> const RankCoords& { return E[static_cast<size_t>(r)]; };
-  EXPECT_EQ(members(t.tp_comm()),
-            expected_group(
-                n, me,
-                [&](int r, int m) { return at(r).cp == at(m).cp && at(r).dp == at(m).dp && at(r).pp == at(m).pp; },
-                [&](int r) { return at(r).tp; }))
+  EXPECT_EQ(
+      members(t.tp_comm()),
+      expected_group(
+          n, me, [&](int r, int m) { return at(r).cp == at(m).cp && at(r).dp == at(m).dp && at(r).pp == at(m).pp; },
+          [&](int r) { return at(r).tp; }))
       << "tp_comm";
-  EXPECT_EQ(members(t.cp_comm()),
-            expected_group(
-                n, me,
-                [&](int r, int m) { return at(r).tp == at(m).tp && at(r).dp == at(m).dp && at(r).pp == at(m).pp; },
-                [&](int r) { return at(r).cp; }))
+  EXPECT_EQ(
+      members(t.cp_comm()),
+      expected_group(
+          n, me, [&](int r, int m) { return at(r).tp == at(m).tp && at(r).dp == at(m).dp && at(r).pp == at(m).pp; },
+          [&](int r) { return at(r).cp; }))
       << "cp_comm";
-  EXPECT_EQ(members(t.dp_comm()),
-            expected_group(
-                n, me,
-                [&](int r, int m) { return at(r).tp == at(m).tp && at(r).cp == at(m).cp && at(r).pp == at(m).pp; },
-                [&](int r) { return at(r).dp; }))
+  EXPECT_EQ(
+      members(t.dp_comm()),
+      expected_group(
+          n, me, [&](int r, int m) { return at(r).tp == at(m).tp && at(r).cp == at(m).cp && at(r).pp == at(m).pp; },
+          [&](int r) { return at(r).dp; }))
       << "dp_comm";
-  EXPECT_EQ(members(t.pp_comm()),
-            expected_group(
-                n, me,
-                [&](int r, int m) { return at(r).tp == at(m).tp && at(r).cp == at(m).cp && at(r).dp == at(m).dp; },
-                [&](int r) { return at(r).pp; }))
+  EXPECT_EQ(
+      members(t.pp_comm()),
+      expected_group(
+          n, me, [&](int r, int m) { return at(r).tp == at(m).tp && at(r).cp == at(m).cp && at(r).dp == at(m).dp; },
+          [&](int r) { return at(r).pp; }))
       << "pp_comm";
   EXPECT_EQ(members(t.dp_cp_comm()),
             expected_group(
                 n, me, [&](int r, int m) { return at(r).tp == at(m).tp && at(r).pp == at(m).pp; },
                 [&](int r) { return e.g[static_cast<size_t>(r)]; }))
       << "dp_cp_comm";
-  EXPECT_EQ(members(t.ep_comm()),
-            expected_group(
-                n, me,
-                [&](int r, int m) { return at(r).tp == at(m).tp && at(r).pp == at(m).pp && at(r).edp == at(m).edp; },
-                [&](int r) { return at(r).ep; }))
+  EXPECT_EQ(
+      members(t.ep_comm()),
+      expected_group(
+          n, me, [&](int r, int m) { return at(r).tp == at(m).tp && at(r).pp == at(m).pp && at(r).edp == at(m).edp; },
+          [&](int r) { return at(r).ep; }))
       << "ep_comm";
-  EXPECT_EQ(members(t.expert_dp_comm()),
-            expected_group(
-                n, me,
-                [&](int r, int m) { return at(r).tp == at(m).tp && at(r).pp == at(m).pp && at(r).ep == at(m).ep; },
-                [&](int r) { return at(r).edp; }))
+  EXPECT_EQ(
+      members(t.expert_dp_comm()),
+      expected_group(
+          n, me, [&](int r, int m) { return at(r).tp == at(m).tp && at(r).pp == at(m).pp && at(r).ep == at(m).ep; },
+          [&](int r) { return at(r).edp; }))
       << "expert_dp_comm";
   // An expert slice's replicas together with the EP ranks cover the DP x CP group exactly once.
   int ep_size = 0, edp_size = 0, dpcp_size = 0;

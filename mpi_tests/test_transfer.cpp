@@ -62,7 +62,8 @@ int64_t flipped_mismatches(const StateDict& s) {
     const size_t es = dtype_size(it.dtype);
     unsigned char want[8];
     for (int64_t j = 0; j < it.shard.numel(); ++j) {
-      h5ckpt::testing::expected_value(it.key, it.dtype, h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j), want);
+      h5ckpt::testing::expected_value(it.key, it.dtype,
+                                      h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j), want);
       want[0] ^= 1;
       bad += std::memcmp(want, static_cast<const unsigned char*>(it.data) + j * es, es) != 0;
     }
@@ -94,7 +95,7 @@ TEST(Transfer, OverlappingEveryLayoutPair) {
       TestModel src(s, ts.coords(), true), dst(d, td.coords(), false);
       TransferOptions o;
       o.version = ++version;
-      o.delta = false;  // a fresh destination each time
+      o.delta = false;              // a fresh destination each time
       o.verify = version % 2 == 0;  // every other pair unverified: received in place, no staging
       auto r = x.transfer(&src.state(), &dst.state(), o);
       ASSERT_TRUE(r.ok()) << s.name() << " -> " << d.name() << ": " << r.status().to_string();
@@ -113,7 +114,8 @@ TEST(Transfer, OverlappingEveryLayoutPair) {
 TEST(Transfer, DisjointEveryLayoutPair) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   Halves h;
-  const auto src_layouts = h5ckpt::testing::layouts_for(h.k), dst_layouts = h5ckpt::testing::layouts_for(world_size() - h.k);
+  const auto src_layouts = h5ckpt::testing::layouts_for(h.k),
+             dst_layouts = h5ckpt::testing::layouts_for(world_size() - h.k);
   StateTransfer x(MPI_COMM_WORLD);
   int64_t version = 0;
   for (const Layout& s : src_layouts)
@@ -348,7 +350,8 @@ TEST(Transfer, LoadRulesAndAgreedErrors) {
     StateDict dst2;
     dst2.add("w", DType::kBF16, shape, ShardSpec::whole(shape), dst_bf16.data());
     StateDict dst3;
-    dst3.add("w", DType::kF32, Shape{40, 8}, ShardSpec::whole(Shape{40, 8}), pad_buf.data()).allow_shape_mismatch = true;
+    dst3.add("w", DType::kF32, Shape{40, 8}, ShardSpec::whole(Shape{40, 8}), pad_buf.data()).allow_shape_mismatch =
+        true;
     for (StateDict* d : {&dst, &dst2, &dst3}) {
       auto r = x.transfer(&src, d, {});
       ASSERT_TRUE(r.ok()) << r.status().to_string();

@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
   CheckpointerOptions copts = config.checkpointer;
   if (!auth_key_file.empty()) copts.auth_key_file = auth_key_file;
   if (staging) copts.staging_bytes = staging;
-  copts.metrics = false;  // the benchmark reports its own figures
+  copts.metrics = false;           // the benchmark reports its own figures
   if (memory_bytes == "eighth") {  // 1/8 of the largest rank's share of the unique bytes
     StateDict probe;
     state_w.stage_save(probe);
@@ -524,9 +524,8 @@ int main(int argc, char** argv) {
       t["load_unverified_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
-      t["reshard_load_unverified_s"].push_back(timed([&] {
-        read_bytes = check(ck_reshard.load(reshard_sd, async_path, unverified), "reshard load").bytes_read;
-      }));
+      t["reshard_load_unverified_s"].push_back(timed(
+          [&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path, unverified), "reshard load").bytes_read; }));
       // The same load with every DP replica reading for itself (zero-redundancy off).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
@@ -611,19 +610,38 @@ int main(int argc, char** argv) {
       json ranks = json::array();
       for (int r = 0; r < g_size; ++r) {
         const double* p = &all[5 * static_cast<size_t>(r)];
-        ranks.push_back({{"rank", r}, {"plan_s", p[0]}, {"read_s", p[1]}, {"verify_busy_s", p[2]},
-                         {"exchange_s", p[3]}, {"total_s", p[4]}});
+        ranks.push_back({{"rank", r},
+                         {"plan_s", p[0]},
+                         {"read_s", p[1]},
+                         {"verify_busy_s", p[2]},
+                         {"exchange_s", p[3]},
+                         {"total_s", p[4]}});
       }
       // plan: metadata, opening the data file and the plan; read: reads, with the block checks
       // and copies out of landing buffers running beside them (verify_busy_s: their summed busy
       // time, hidden inside read_s when verify_threads > 0); exchange: waiting for transfers.
-      std::printf("%s\n", json{{"scenario", "load_phases"}, {"load", kind}, {"verify_threads", verify_threads},
-                                {"per_rank", ranks}}.dump().c_str());
+      std::printf(
+          "%s\n",
+          json{{"scenario", "load_phases"}, {"load", kind}, {"verify_threads", verify_threads}, {"per_rank", ranks}}
+              .dump()
+              .c_str());
     }
-    const std::vector<std::string> order = {
-        "raw_write_rank_s", "raw_write_direct_s", "raw_write_stream_s", "memcpy_s", "memcpy_parallel_s", "sync_save_s",
-        "async_block_s",    "async_total_s",      "raw_read_rank_s",    "raw_read_ckpt_s", "load_s",
-        "load_no_zr_s",     "load_aggregated_s",  "reshard_load_s", "load_unverified_s", "reshard_load_unverified_s"};
+    const std::vector<std::string> order = {"raw_write_rank_s",
+                                            "raw_write_direct_s",
+                                            "raw_write_stream_s",
+                                            "memcpy_s",
+                                            "memcpy_parallel_s",
+                                            "sync_save_s",
+                                            "async_block_s",
+                                            "async_total_s",
+                                            "raw_read_rank_s",
+                                            "raw_read_ckpt_s",
+                                            "load_s",
+                                            "load_no_zr_s",
+                                            "load_aggregated_s",
+                                            "reshard_load_s",
+                                            "load_unverified_s",
+                                            "reshard_load_unverified_s"};
     std::vector<std::string> printed = order;
     if (device_kind != "none")
       for (const char* k : {"d2h_memcpy_s", "device_async_block_s", "device_async_total_s", "device_load_s"})

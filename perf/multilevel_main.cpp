@@ -158,9 +158,8 @@ int main(int argc, char** argv) {
     const int64_t step = 10 * (rep + 1);
     t["memcpy_s"].push_back(timed([&] { std::memcpy(copy.data(), bytes.data(), mine); }));
     // What a local save does, without the library: write own bytes, transfer, write the copy.
-    t["raw_local_write_s"].push_back(timed([&] {
-      write_file(my_local + "/raw-own-" + std::to_string(g_rank), bytes.data(), mine);
-    }));
+    t["raw_local_write_s"].push_back(
+        timed([&] { write_file(my_local + "/raw-own-" + std::to_string(g_rank), bytes.data(), mine); }));
     t["raw_transfer_s"].push_back(timed([&] {
       MPI_Request r[2];
       MPI_Irecv(partner.data(), static_cast<int>(partner_bytes), MPI_BYTE, from, 2, MPI_COMM_WORLD, &r[0]);
@@ -224,8 +223,8 @@ int main(int argc, char** argv) {
     // The library's own peak of every phase within the budget (the bound is budget + 64 MiB
     // of process growth; the library's leases alone must fit the budget itself).
     bool within = budget != 0;
-    for (const char* k : {"local_save_overhead_mib", "shared_save_overhead_mib", "local_load_overhead_mib",
-                          "recover_overhead_mib"})
+    for (const char* k :
+         {"local_save_overhead_mib", "shared_save_overhead_mib", "local_load_overhead_mib", "recover_overhead_mib"})
       for (double v : t[k]) within = within && v <= mib(budget);
     s["overhead_within_budget"] = within;
     for (const auto& [k, v] : t) s[k] = median(v);

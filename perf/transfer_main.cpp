@@ -80,8 +80,10 @@ int main(int argc, char** argv) {
       const int64_t a = std::max(part_begin(rows, k, s), part_begin(rows, m, d));
       const int64_t b = std::min(part_begin(rows, k, s + 1), part_begin(rows, m, d + 1));
       if (b <= a) continue;
-      if (rank == s) scount[k + d] = static_cast<int>((b - a) * row_bytes), sdispl[k + d] = static_cast<int>((a - r0) * row_bytes);
-      if (rank == k + d) rcount[s] = static_cast<int>((b - a) * row_bytes), rdispl[s] = static_cast<int>((a - r0) * row_bytes);
+      if (rank == s)
+        scount[k + d] = static_cast<int>((b - a) * row_bytes), sdispl[k + d] = static_cast<int>((a - r0) * row_bytes);
+      if (rank == k + d)
+        rcount[s] = static_cast<int>((b - a) * row_bytes), rdispl[s] = static_cast<int>((a - r0) * row_bytes);
     }
   std::vector<char> dummy(1);
   auto alltoallv = [&] {

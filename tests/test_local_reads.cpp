@@ -69,9 +69,9 @@ TEST(LocalReads, EveryWantedElementComesOnceFromItsWritersFile) {
   const auto off = local_file_offsets(tensors, 3);
   const std::vector<int> server = {5, 3, 4};  // live ranks serving saved ranks 0, 1, 2
   std::vector<ShardSpec> wants = {
-      ShardSpec{Box{{1, 1}, {4, 2}}},                             // a box across three regions
+      ShardSpec{Box{{1, 1}, {4, 2}}},                                           // a box across three regions
       ShardSpec{Box{{0, 0}, {6, 4}}, std::make_pair<int64_t, int64_t>(5, 19)},  // a flat range
-      ShardSpec{Box{{0, 2}, {4, 4}}},                             // b: across the column split
+      ShardSpec{Box{{0, 2}, {4, 4}}},                                           // b: across the column split
   };
   const std::vector<size_t> tensor_of = {0, 0, 1};
   for (size_t k = 0; k < wants.size(); ++k) {

@@ -28,15 +28,15 @@ namespace {
 using nlohmann::json;
 
 constexpr uint64_t kFileSize = 8u << 20;
-constexpr int64_t kDataAt = 1 << 20;   // tensor bytes start here in the imaginary data file
+constexpr int64_t kDataAt = 1 << 20;    // tensor bytes start here in the imaginary data file
 constexpr int64_t kTablesAt = 4 << 20;  // and the tables here
 
 // Record layouts as docs/format.md §4.2 gives them: field byte offsets and record sizes.
 namespace doc {
 constexpr size_t kTensor = 64, kRegion = 8, kExtent = 40, kAttribute = 24, kSavedCoords = 12;
 namespace tensor {
-constexpr size_t key_offset = 0, key_length = 8, dtype = 12, ndim = 13, shape_index = 16, nbytes = 24,
-                 file_offset = 32, first_region = 40, region_count = 48, first_block = 56;
+constexpr size_t key_offset = 0, key_length = 8, dtype = 12, ndim = 13, shape_index = 16, nbytes = 24, file_offset = 32,
+                 first_region = 40, region_count = 48, first_block = 56;
 }
 namespace region {
 constexpr size_t writer = 0, extent = 4;
@@ -111,7 +111,7 @@ CheckpointInfo rich_info() {
   return info;
 }
 
-const std::vector<std::string> kKeys = {"model/a", "model/b", "model/c", "model/empty", "optimizer/exp_avg/a",
+const std::vector<std::string> kKeys = {"model/a",         "model/b", "model/c", "model/empty", "optimizer/exp_avg/a",
                                         "optimizer/zero/c"};
 
 // Table offsets in the imaginary data file: one after the other from kTablesAt.
@@ -358,8 +358,8 @@ TEST(MetaV2, TablesFollowTheDocumentedLayout) {
   EXPECT_EQ(j["checksums"], true);
   EXPECT_EQ(j["topology"], json::parse(R"({"tp":2,"dp":2,"pp":1,"world":4})"));
   EXPECT_EQ(j["counts"], json::parse(R"({"tensors":6,"regions":11,"blocks":28})"));
-  const char* table_names[] = {"tensors", "regions", "extents", "blocks", "coords", "names", "attributes",
-                               "saved_coords"};
+  const char* table_names[] = {"tensors", "regions", "extents",    "blocks",
+                               "coords",  "names",   "attributes", "saved_coords"};
   const uint64_t sizes[] = {64, 8, 40, 8, 8, 1, 24, 12};
   for (size_t i = 0; i < kTableCount; ++i) {
     const json& t = j["tables"][table_names[i]];
@@ -401,7 +401,8 @@ TEST(MetaV2, RegionsCostEightBytesAndExtentsAreShared) {
       for (int tp = 0; tp < 8; ++tp)
         for (int dp = 0; dp < 16; ++dp) {
           const Box box{{tp * 128, 0}, {128, 64}};
-          t.regions.push_back(region(ShardSpec::flat_range(box, dp * 512, (dp + 1) * 512), tp + 8 * dp, 1024, 2, &next));
+          t.regions.push_back(
+              region(ShardSpec::flat_range(box, dp * 512, (dp + 1) * 512), tp + 8 * dp, 1024, 2, &next));
           distinct.insert({tp * 128, dp * 512});
         }
       info.tensors.push_back(std::move(t));
@@ -469,31 +470,46 @@ void new_extent(Encoded& e, size_t r, uint64_t box, uint32_t ndim, uint32_t flat
 // zero/c 8-10.
 std::vector<Case> table_cases() {
   return {
-      {"attribute outside names", [](Encoded& e) { put_le(table(e, Table::kAttributes), doc::attribute::value_offset, 8, 1 << 20); },
+      {"attribute outside names",
+       [](Encoded& e) { put_le(table(e, Table::kAttributes), doc::attribute::value_offset, 8, 1 << 20); },
        "attribute 0 lies outside the names table"},
       {"extent rank 0", [](Encoded& e) { set_extent(e, 0, doc::extent::ndim, 4, 0); }, "has rank 0"},
       {"extent box outside coords", [](Encoded& e) { set_extent(e, 0, doc::extent::box_index, 8, 1u << 30); },
        "lies outside the coords table"},
       {"extent flat flag 2", [](Encoded& e) { set_extent(e, 6, doc::extent::flat, 4, 2); }, "flat flag 2"},
-      {"flat range past the box", [](Encoded& e) { set_extent(e, 7, doc::extent::flat_end, 8, 25); }, "has flat range [10,25)"},
-      {"flat range reversed", [](Encoded& e) { set_extent(e, 7, doc::extent::flat_begin, 8, 30); }, "has flat range [30,24)"},
-      {"flat range on a box region", [](Encoded& e) { set_extent(e, 0, doc::extent::flat_end, 8, 3); }, "has flat range [0,3)"},
-      {"negative box", [](Encoded& e) { new_extent(e, 0, add_coords(e, {-2, 0, 2, 6}), 2, 0, 0, 0, 24); },
+      {"flat range past the box", [](Encoded& e) { set_extent(e, 7, doc::extent::flat_end, 8, 25); },
+       "has flat range [10,25)"},
+      {"flat range reversed", [](Encoded& e) { set_extent(e, 7, doc::extent::flat_begin, 8, 30); },
+       "has flat range [30,24)"},
+      {"flat range on a box region", [](Encoded& e) { set_extent(e, 0, doc::extent::flat_end, 8, 3); },
+       "has flat range [0,3)"},
+      {"negative box",
+       [](Encoded& e) {
+         new_extent(e, 0, add_coords(e, {-2, 0, 2, 6}), 2, 0, 0, 0, 24);
+       },
        "negative or overflowing box"},
-      {"empty region", [](Encoded& e) { new_extent(e, 0, add_coords(e, {0, 0, 0, 6}), 2, 0, 0, 0, 24); }, "is empty"},
+      {"empty region",
+       [](Encoded& e) {
+         new_extent(e, 0, add_coords(e, {0, 0, 0, 6}), 2, 0, 0, 0, 24);
+       },
+       "is empty"},
       {"key outside names", [](Encoded& e) { set_tensor(e, "model/b", doc::tensor::key_length, 4, 1 << 20); },
        "tensor 1: key lies outside the names table"},
-      {"unknown dtype", [](Encoded& e) { set_tensor(e, "model/a", doc::tensor::dtype, 1, 99); }, "unknown dtype code 99"},
+      {"unknown dtype", [](Encoded& e) { set_tensor(e, "model/a", doc::tensor::dtype, 1, 99); },
+       "unknown dtype code 99"},
       {"dtype code 0", [](Encoded& e) { set_tensor(e, "model/a", doc::tensor::dtype, 1, 0); }, "unknown dtype code 0"},
       {"rank 33", [](Encoded& e) { set_tensor(e, "model/a", doc::tensor::ndim, 1, 33); }, "'model/a': rank 33"},
       {"shape outside coords", [](Encoded& e) { set_tensor(e, "model/c", doc::tensor::shape_index, 8, ~0ull - 1); },
        "shape lies outside the coords table"},
-      {"shape overflows", [](Encoded& e) {
+      {"shape overflows",
+       [](Encoded& e) {
          set_tensor(e, "model/c", doc::tensor::shape_index, 8, add_coords(e, {1ll << 31, 1ll << 31, 1ll << 31}));
-       }, "'model/c': shape [2147483648,2147483648,2147483648] invalid"},
+       },
+       "'model/c': shape [2147483648,2147483648,2147483648] invalid"},
       {"regions not in tensor order", [](Encoded& e) { set_tensor(e, "model/b", doc::tensor::first_region, 8, 0); },
        "do not follow the previous tensor's"},
-      {"region count past the table", [](Encoded& e) { set_tensor(e, "optimizer/zero/c", doc::tensor::region_count, 8, 4); },
+      {"region count past the table",
+       [](Encoded& e) { set_tensor(e, "optimizer/zero/c", doc::tensor::region_count, 8, 4); },
        "do not follow the previous tensor's"},
       {"first block wrong", [](Encoded& e) { set_tensor(e, "model/c", doc::tensor::first_block, 8, 7); },
        "first block 7, expected 8 (block counts inconsistent)"},
@@ -501,26 +517,36 @@ std::vector<Case> table_cases() {
        "names a missing extent"},
       {"writer past world", [](Encoded& e) { put_le(table(e, Table::kRegions), 5 * 8 + doc::region::writer, 4, 4); },
        "region writer rank 4 invalid"},
-      {"region of another rank", [](Encoded& e) {
+      {"region of another rank",
+       [](Encoded& e) {
          put_le(table(e, Table::kRegions), 0 * 8 + doc::region::extent, 4, extent_of(e, 4));  // model/c's 3-D extent
-       }, "another rank than the tensor"},
-      {"region outside the tensor", [](Encoded& e) { new_extent(e, 1, add_coords(e, {3, 0, 2, 6}), 2, 0, 0, 0, 24); },
+       },
+       "another rank than the tensor"},
+      {"region outside the tensor",
+       [](Encoded& e) {
+         new_extent(e, 1, add_coords(e, {3, 0, 2, 6}), 2, 0, 0, 0, 24);
+       },
        "'model/a': a region lies outside the tensor"},
       {"a block too few", [](Encoded& e) { table(e, Table::kBlocks).resize(27 * 8); }, "need more block checksums"},
-      {"a block too many", [](Encoded& e) { table(e, Table::kBlocks).resize(29 * 8); }, "1 block checksums belong to no region"},
+      {"a block too many", [](Encoded& e) { table(e, Table::kBlocks).resize(29 * 8); },
+       "1 block checksums belong to no region"},
       {"block bytes change the block count", [](Encoded& e) { set_extent(e, 4, doc::extent::block_bytes, 8, 96); },
        "block counts inconsistent"},
-      {"a region too many", [](Encoded& e) { table(e, Table::kRegions).resize(12 * 8); }, "1 regions belong to no tensor"},
+      {"a region too many", [](Encoded& e) { table(e, Table::kRegions).resize(12 * 8); },
+       "1 regions belong to no tensor"},
       // Checks of what a reader must not trust (Index::open with validate).
-      {"invalid key", [](Encoded& e) {
+      {"invalid key",
+       [](Encoded& e) {
          auto& n = table(e, Table::kNames);
          const uint64_t at = n.size();
          const std::string k = "model/../etc";
          n.insert(n.end(), k.begin(), k.end());
          set_tensor(e, "model/b", doc::tensor::key_offset, 8, at);
          set_tensor(e, "model/b", doc::tensor::key_length, 4, k.size());
-       }, "key 'model/../etc': '.' and '..' components not allowed"},
-      {"keys not sorted", [](Encoded& e) {
+       },
+       "key 'model/../etc': '.' and '..' components not allowed"},
+      {"keys not sorted",
+       [](Encoded& e) {
          auto& t = table(e, Table::kTensors);
          for (size_t f : {doc::tensor::key_offset, doc::tensor::key_length}) {
            const size_t w = f == doc::tensor::key_length ? 4 : 8;
@@ -528,16 +554,21 @@ std::vector<Case> table_cases() {
            put_le(t, tensor_field("model/a", f), w, b);
            put_le(t, tensor_field("model/b", f), w, a);
          }
-       }, "tensors are not sorted by key ('model/a')"},
-      {"key twice", [](Encoded& e) {
+       },
+       "tensors are not sorted by key ('model/a')"},
+      {"key twice",
+       [](Encoded& e) {
          auto& t = table(e, Table::kTensors);
-         put_le(t, tensor_field("model/b", doc::tensor::key_offset), 8, get_le(t, tensor_field("model/a", doc::tensor::key_offset), 8));
-       }, "key 'model/a' twice"},
+         put_le(t, tensor_field("model/b", doc::tensor::key_offset), 8,
+                get_le(t, tensor_field("model/a", doc::tensor::key_offset), 8));
+       },
+       "key 'model/a' twice"},
       {"nbytes", [](Encoded& e) { set_tensor(e, "model/a", doc::tensor::nbytes, 8, 100); },
        "'model/a': nbytes 100 does not match shape and dtype"},
       {"empty tensor with an offset", [](Encoded& e) { set_tensor(e, "model/empty", doc::tensor::file_offset, 8, 0); },
        "an empty tensor has file offset -1"},
-      {"tensor past the file", [](Encoded& e) { set_tensor(e, "model/c", doc::tensor::file_offset, 8, kFileSize - 100); },
+      {"tensor past the file",
+       [](Encoded& e) { set_tensor(e, "model/c", doc::tensor::file_offset, 8, kFileSize - 100); },
        "'model/c': bytes [8388508, 8388700) lie outside the data file of 8388608 bytes"},
       {"negative offset", [](Encoded& e) { set_tensor(e, "model/c", doc::tensor::file_offset, 8, ~0ull); },
        "'model/c': bytes [-1,"},
@@ -545,31 +576,43 @@ std::vector<Case> table_cases() {
        "tensor 'model/a' and tensor 'model/b' overlap in the data file"},
       {"tensor over a table", [](Encoded& e) { set_tensor(e, "model/c", doc::tensor::file_offset, 8, kTablesAt - 8); },
        "tensor 'model/c' and table 'tensors' overlap in the data file"},
-      {"blocks not whole slabs", [](Encoded& e) {
+      {"blocks not whole slabs",
+       [](Encoded& e) {
          // model/c's first region: 96 bytes in 50-byte blocks (2 blocks, like before) cut its 48-byte slabs
          set_extent(e, 4, doc::extent::block_bytes, 8, 50);
-       }, "'model/c': malformed verification blocks of region offset [0,0,0] shape [2,3,2]"},
-      {"region without blocks in a checksummed checkpoint", [](Encoded& e) {
+       },
+       "'model/c': malformed verification blocks of region offset [0,0,0] shape [2,3,2]"},
+      {"region without blocks in a checksummed checkpoint",
+       [](Encoded& e) {
          new_extent(e, 6, get_le(table(e, Table::kExtents), extent_of(e, 6) * doc::kExtent, 8), 2, 1, 0, 10, 0);
-         table(e, Table::kBlocks).erase(table(e, Table::kBlocks).begin() + 12 * 8, table(e, Table::kBlocks).begin() + 15 * 8);
+         table(e, Table::kBlocks)
+             .erase(table(e, Table::kBlocks).begin() + 12 * 8, table(e, Table::kBlocks).begin() + 15 * 8);
          for (const char* k : {"optimizer/zero/c"}) set_tensor(e, k, doc::tensor::first_block, 8, 16);
-       }, "has no checksum in a checkpoint saved with checksums"},
-      {"region listed twice", [](Encoded& e) {
-         put_le(table(e, Table::kRegions), 1 * 8 + doc::region::extent, 4, extent_of(e, 0));
-       }, "'model/a': a region is listed twice: offset [0,0] shape [2,6]"},
-      {"regions overlap", [](Encoded& e) { new_extent(e, 1, add_coords(e, {1, 0, 2, 6}), 2, 0, 0, 0, 24); },
+       },
+       "has no checksum in a checkpoint saved with checksums"},
+      {"region listed twice",
+       [](Encoded& e) { put_le(table(e, Table::kRegions), 1 * 8 + doc::region::extent, 4, extent_of(e, 0)); },
+       "'model/a': a region is listed twice: offset [0,0] shape [2,6]"},
+      {"regions overlap",
+       [](Encoded& e) {
+         new_extent(e, 1, add_coords(e, {1, 0, 2, 6}), 2, 0, 0, 0, 24);
+       },
        "'model/a': regions offset [0,0] shape [2,6] and offset [1,0] shape [2,6] overlap"},
       {"flat ranges overlap", [](Encoded& e) { set_extent(e, 7, doc::extent::flat_begin, 8, 9); },
        "regions offset [0,0] shape [4,6] flat [0,10) and offset [0,0] shape [4,6] flat [9,24) overlap"},
-      {"regions leave a gap", [](Encoded& e) {
+      {"regions leave a gap",
+       [](Encoded& e) {
          set_extent(e, 7, doc::extent::flat_begin, 8, 11);  // 13 elements of bf16: still 4 blocks of 8 bytes
-       }, "'optimizer/exp_avg/a': regions cover 23 of 24 elements"},
-      {"attributes not sorted", [](Encoded& e) {
+       },
+       "'optimizer/exp_avg/a': regions cover 23 of 24 elements"},
+      {"attributes not sorted",
+       [](Encoded& e) {
          auto& a = table(e, Table::kAttributes);
          std::vector<char> first(a.begin(), a.begin() + doc::kAttribute);
          std::copy(a.begin() + 2 * doc::kAttribute, a.end(), a.begin());
          std::copy(first.begin(), first.end(), a.begin() + 2 * doc::kAttribute);
-       }, "attribute keys are not sorted and unique"},
+       },
+       "attribute keys are not sorted and unique"},
   };
 }
 
@@ -616,21 +659,24 @@ TEST(MetaV2, EverySummaryCheckNamesTheProblem) {
        "table 'tensors': records of 32 bytes; format v2 has 64"},
       {"bytes vs records", [](json& j) { j["tables"]["regions"]["records"] = 12; },
        "table 'regions': 12 records do not take 88 bytes"},
-      {"records overflow", [](json& j) {
+      {"records overflow",
+       [](json& j) {
          j["tables"]["regions"]["records"] = uint64_t{1} << 61;
          j["tables"]["regions"]["bytes"] = 0;
-       }, "records do not take 0 bytes"},
-      {"offset of a non-empty table", [](json& j) { j["tables"]["names"]["offset"] = -1; },
-       "table 'names': offset -1"},
+       },
+       "records do not take 0 bytes"},
+      {"offset of a non-empty table", [](json& j) { j["tables"]["names"]["offset"] = -1; }, "table 'names': offset -1"},
       {"offset negative", [](json& j) { j["tables"]["names"]["offset"] = -5; }, "table 'names': offset -5"},
       {"xxh3", [](json& j) { j["tables"]["blocks"]["xxh3"] = "XYZ"; }, "table 'blocks': malformed xxh3"},
       {"counts", [](json& j) { j["counts"]["regions"] = 12; }, "counts do not match the tables' record counts"},
       {"counts missing", [](json& j) { j.erase("counts"); }, "counts (tensors, regions, blocks) missing"},
       {"world", [](json& j) { j["topology"]["world"] = 5; }, "topology world 5 but 4 saved coordinates"},
-      {"huge table", [](json& j) {
+      {"huge table",
+       [](json& j) {
          j["tables"]["names"]["bytes"] = uint64_t{1} << 62;
          j["tables"]["names"]["records"] = uint64_t{1} << 62;
-       }, "table 'names': the tables are implausibly large"},
+       },
+       "table 'names': the tables are implausibly large"},
       // The image and the data file (Index::open).
       {"table checksum", [](json& j) { j["tables"]["regions"]["xxh3"] = "0123456789abcdef"; },
        "table 'regions' fails its checksum"},
@@ -717,9 +763,8 @@ TEST(MetaV2, WithoutChecksumsEveryRegionMayLackBlocks) {
 class MetaV2File : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = (std::filesystem::temp_directory_path() /
-             ("h5ckpt_meta_v2_" + std::to_string(::getpid()) + "_" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+    path_ = (std::filesystem::temp_directory_path() / ("h5ckpt_meta_v2_" + std::to_string(::getpid()) + "_" +
+                                                       ::testing::UnitTest::GetInstance()->current_test_info()->name()))
                 .string();
   }
   void TearDown() override { std::filesystem::remove(path_); }

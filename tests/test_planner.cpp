@@ -903,8 +903,8 @@ TEST(RegionIndex, ZeroShardsOfOneLayoutSeenFromAnother) {
 struct JobLayout {
   int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1;
   bool zero = false;
-  int experts = 0;      // experts of the MoE layers (every second layer), 0: dense
-  bool fused = false;   // fc1 as a fused [gate; up] item of two pieces per TP rank
+  int experts = 0;     // experts of the MoE layers (every second layer), 0: dense
+  bool fused = false;  // fc1 as a fused [gate; up] item of two pieces per TP rank
   std::string tag() const {
     return "tp" + std::to_string(tp) + ".cp" + std::to_string(cp) + ".dp" + std::to_string(dp) + ".pp" +
            std::to_string(pp) + ".ep" + std::to_string(ep) + (zero ? ".zero" : "") +
@@ -935,8 +935,8 @@ Ranks layout_items(const JobLayout& l) {
             const int64_t numel = shard.numel();
             const int64_t b = numel * i / n, e = numel * (i + 1) / n;
             for (const char* st : {"fp32_param", "exp_avg", "exp_avg_sq"})
-              items.push_back(item(std::string("optimizer/") + st + "/" + name, shape,
-                                   ShardSpec::flat_range(shard.box, b, e)));
+              items.push_back(
+                  item(std::string("optimizer/") + st + "/" + name, shape, ShardSpec::flat_range(shard.box, b, e)));
           };
           const int dense_i = d * l.cp + c, dense_n = l.dp * l.cp;
           if (p == 0) add("embedding", {V, H}, ShardSpec::split({V, H}, 0, l.tp, t), dense_i, dense_n);
@@ -1007,7 +1007,8 @@ SavePlan reference_plan(const Ranks& ranks) {
     }
     plan.tensors.push_back(std::move(tp));
   }
-  std::stable_sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
   for (const auto& [bytes, ti, k] : jobs) {
     const auto& holders = tensors.at(plan.tensors[ti].key).holders[k];
     int best = holders[0];
@@ -1037,9 +1038,9 @@ void expect_same_plan(const SavePlan& got, const SavePlan& want, const std::stri
 
 TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {
   const std::vector<JobLayout> layouts = {
-      {1, 1, 1, 1, 1, false, 0, false},  {2, 1, 2, 2, 1, false, 0, false}, {2, 1, 3, 1, 1, true, 0, false},
-      {2, 2, 2, 2, 1, true, 0, false},   {1, 1, 4, 2, 2, true, 4, false},  {2, 1, 4, 1, 4, true, 8, false},
-      {2, 1, 2, 2, 1, false, 0, true},   {4, 2, 3, 1, 1, true, 0, true},   {2, 2, 4, 2, 2, true, 4, true}};
+      {1, 1, 1, 1, 1, false, 0, false}, {2, 1, 2, 2, 1, false, 0, false}, {2, 1, 3, 1, 1, true, 0, false},
+      {2, 2, 2, 2, 1, true, 0, false},  {1, 1, 4, 2, 2, true, 4, false},  {2, 1, 4, 1, 4, true, 8, false},
+      {2, 1, 2, 2, 1, false, 0, true},  {4, 2, 3, 1, 1, true, 0, true},   {2, 2, 4, 2, 2, true, 4, true}};
   for (const JobLayout& l : layouts) {
     const Ranks ranks = layout_items(l);
     const SavePlan want = reference_plan(ranks);

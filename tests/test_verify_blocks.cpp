@@ -51,9 +51,8 @@ struct Fixture {
       std::vector<float> canon(static_cast<size_t>(s.numel()));
       const planner::Frame dst = planner::frame_of(s);
       for (const Box& b : planner::shard_boxes(s))
-        planner::for_each_run(b, whole, dst, [&](int64_t si, int64_t di, int64_t n) {
-          std::memcpy(&canon[di], &all[si], n * 4);
-        });
+        planner::for_each_run(b, whole, dst,
+                              [&](int64_t si, int64_t di, int64_t n) { std::memcpy(&canon[di], &all[si], n * 4); });
       SavedRegion r;
       r.shard = s;
       r.writer_rank = 0;
@@ -112,8 +111,8 @@ struct Fixture {
       for (int64_t j = 0; j < want.shape[1]; ++j) {
         const int64_t g = (want.offset[0] + i) * t.shape[1] + want.offset[1] + j;
         const int64_t k = i * want.shape[1] + j;
-        const double got = as == DType::kF64 ? reinterpret_cast<double*>(buf.data())[k]
-                                              : reinterpret_cast<float*>(buf.data())[k];
+        const double got =
+            as == DType::kF64 ? reinterpret_cast<double*>(buf.data())[k] : reinterpret_cast<float*>(buf.data())[k];
         if (got != static_cast<double>(value(g))) ++*wrong;
       }
     return st;
@@ -144,13 +143,16 @@ ShardSpec flat(int64_t rows, int64_t cols, int64_t b, int64_t e) {
 }
 
 std::vector<ShardSpec> column_split() { return {box(0, 0, 37, 20), box(0, 20, 37, 30)}; }
-std::vector<ShardSpec> zero_split() { return {flat(37, 50, 0, 611), flat(37, 50, 611, 1300), flat(37, 50, 1300, 1850)}; }
+std::vector<ShardSpec> zero_split() {
+  return {flat(37, 50, 0, 611), flat(37, 50, 611, 1300), flat(37, 50, 1300, 1850)};
+}
 
 Box random_box(std::mt19937& g, int64_t rows, int64_t cols) {
   std::uniform_int_distribution<int64_t> r(0, rows - 1), c(0, cols - 1);
   const int64_t r0 = r(g), c0 = c(g);
-  return Box{{r0, c0}, {std::uniform_int_distribution<int64_t>(1, rows - r0)(g),
-                        std::uniform_int_distribution<int64_t>(1, cols - c0)(g)}};
+  return Box{{r0, c0},
+             {std::uniform_int_distribution<int64_t>(1, rows - r0)(g),
+              std::uniform_int_distribution<int64_t>(1, cols - c0)(g)}};
 }
 
 bool contains(const Box& b, int64_t row, int64_t col) {
@@ -295,7 +297,10 @@ std::vector<ShardSpec> tp_zero_split(int64_t rows, int64_t cols, int tp, int dp)
 TEST_F(VerifyBlocks, CheckedSpansThroughTheIndexEqualTheScan) {
   std::mt19937 g(11);
   const std::vector<std::vector<ShardSpec>> layouts = {
-      column_split(), zero_split(), tp_zero_split(37, 50, 2, 7), tp_zero_split(37, 50, 5, 3),
+      column_split(),
+      zero_split(),
+      tp_zero_split(37, 50, 2, 7),
+      tp_zero_split(37, 50, 5, 3),
       tp_zero_split(37, 50, 2, 150),  // ranges shorter than a row: some fall between the rows of a box
       {box(0, 0, 20, 50), flat(37, 50, 1000, 1500), flat(37, 50, 1500, 1850)}};
   size_t compared = 0, nonempty = 0;
@@ -314,8 +319,8 @@ TEST_F(VerifyBlocks, CheckedSpansThroughTheIndexEqualTheScan) {
         auto scanned = storage::checked_spans(t, want);
         auto indexed = storage::checked_spans(t, want, index);
         ASSERT_TRUE(scanned.ok() && indexed.ok());
-        ASSERT_EQ(indexed->size(), scanned->size()) << "box " << to_string_shape(want.offset) << "+"
-                                                    << to_string_shape(want.shape);
+        ASSERT_EQ(indexed->size(), scanned->size())
+            << "box " << to_string_shape(want.offset) << "+" << to_string_shape(want.shape);
         for (size_t k = 0; k < scanned->size(); ++k) {
           const auto &x = (*indexed)[k], &y = (*scanned)[k];
           EXPECT_EQ(x.region, y.region);

@@ -228,7 +228,7 @@ H5CKPT_API int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_
  * with h5ckpt_info_free; `is_local` may be NULL. The reason for the choice is in the library log.
  * Collective. */
 H5CKPT_API int h5ckpt_checkpointer_resolve(h5ckpt_checkpointer_t* ck, const char* path, h5ckpt_info_t** info,
-                                          int* is_local);
+                                           int* is_local);
 
 /* ---- checkpoint metadata (no MPI needed) ---------------------------------------------------- */
 

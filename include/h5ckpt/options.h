@@ -191,15 +191,15 @@ struct CheckpointerOptions {
 
 /// Per-call figures of this rank.
 struct SaveReport {
-  std::string path;            ///< committed checkpoint directory
-  uint64_t bytes_written = 0;  ///< bytes this rank wrote (after de-duplication)
-  uint64_t bytes_direct = 0;   ///< of those, bytes written with O_DIRECT (see direct_io)
-  uint64_t write_calls = 0;    ///< positioned write calls this rank made for tensor bytes (direct_writes)
+  std::string path;               ///< committed checkpoint directory
+  uint64_t bytes_written = 0;     ///< bytes this rank wrote (after de-duplication)
+  uint64_t bytes_direct = 0;      ///< of those, bytes written with O_DIRECT (see direct_io)
+  uint64_t write_calls = 0;       ///< positioned write calls this rank made for tensor bytes (direct_writes)
   uint64_t bytes_aggregated = 0;  ///< bytes this rank wrote as an aggregator (SaveOptions::aggregate_writes)
-  uint64_t bytes_total = 0;    ///< unique bytes in the checkpoint (all ranks)
-  uint64_t blocked_bytes = 0;  ///< async only: bytes snapshotted only after waiting for the writer
-  double plan_s = 0;           ///< planning (0 when the cached plan was reused, but for one allreduce)
-  double snapshot_s = 0;       ///< async only: copying into the staging pool (the blocking part)
+  uint64_t bytes_total = 0;       ///< unique bytes in the checkpoint (all ranks)
+  uint64_t blocked_bytes = 0;     ///< async only: bytes snapshotted only after waiting for the writer
+  double plan_s = 0;              ///< planning (0 when the cached plan was reused, but for one allreduce)
+  double snapshot_s = 0;          ///< async only: copying into the staging pool (the blocking part)
   double write_s = 0, commit_s = 0, total_s = 0;
   bool plan_cached = false;
   bool async = false;
@@ -210,10 +210,10 @@ struct SaveReport {
 };
 
 struct LoadReport {
-  std::string path;                       ///< checkpoint directory actually read (after following `latest`)
-  uint64_t bytes_read = 0;                ///< storage bytes this rank read
-  uint64_t bytes_sent = 0;                ///< bytes this rank sent to replicas (zero-redundancy loading)
-  uint64_t bytes_received = 0;            ///< bytes this rank received instead of reading them
+  std::string path;             ///< checkpoint directory actually read (after following `latest`)
+  uint64_t bytes_read = 0;      ///< storage bytes this rank read
+  uint64_t bytes_sent = 0;      ///< bytes this rank sent to replicas (zero-redundancy loading)
+  uint64_t bytes_received = 0;  ///< bytes this rank received instead of reading them
   /// Keys some rank asked for that the checkpoint lacks (kAllowMissing or check_only), sorted;
   /// the same on every rank.
   std::vector<std::string> missing_keys;
@@ -224,14 +224,14 @@ struct LoadReport {
   std::vector<std::string> shape_mismatches;
   /// check_only: every dtype the options refuse, as "'key': checkpoint holds f32, the state wants i64".
   std::vector<std::string> dtype_mismatches;
-  double plan_s = 0;                      ///< metadata, validation and the load plan
-  double read_s = 0;                      ///< storage reads
-  double exchange_s = 0;                  ///< waiting for transfers after the reads
+  double plan_s = 0;      ///< metadata, validation and the load plan
+  double read_s = 0;      ///< storage reads
+  double exchange_s = 0;  ///< waiting for transfers after the reads
   /// Seconds spent checking verification blocks (and copying checked bytes out of landing
   /// buffers), summed over the threads that did it; with verify_threads they run beside the
   /// reads, so this is work hidden inside read_s rather than added to it.
   double verify_s = 0;
-  int verify_threads = 0;                 ///< threads that checked blocks beside the reads (0: inline)
+  int verify_threads = 0;  ///< threads that checked blocks beside the reads (0: inline)
   double total_s = 0;
   bool plan_cached = false;
   std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"

@@ -52,8 +52,8 @@ class H5CKPT_API StateDict {
   /// overlapping in the tensor or in the buffer, a piece outside the shape or not starting at a
   /// multiple of the element size) surface in save/load, naming the key and the piece. An empty
   /// list is recorded as an item without pieces whose `shard` is the invalid flat range [-1, -1).
-  StateItem& add_pieces(std::string key, DType dtype, Shape global_shape, std::vector<ShardPiece> pieces,
-                        void* data, Device device = Device::kHost);
+  StateItem& add_pieces(std::string key, DType dtype, Shape global_shape, std::vector<ShardPiece> pieces, void* data,
+                        Device device = Device::kHost);
 
   const std::vector<StateItem>& items() const { return items_; }
   std::vector<StateItem>& items() { return items_; }

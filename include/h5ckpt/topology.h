@@ -59,8 +59,7 @@ class H5CKPT_API Topology {
   /// is the ranks with its (tp, pp, ep) in its DP x CP group, ordered by dp * CP + cp. The
   /// communicators must form a grid (each (tp, cp, dp, pp) and each (tp, pp, ep, edp) once) and
   /// ep * edp must equal dp * cp. Collective over `world`.
-  static Result<Topology> from_comms(MPI_Comm world, MPI_Comm tp, MPI_Comm cp, MPI_Comm dp, MPI_Comm pp,
-                                     MPI_Comm ep);
+  static Result<Topology> from_comms(MPI_Comm world, MPI_Comm tp, MPI_Comm cp, MPI_Comm dp, MPI_Comm pp, MPI_Comm ep);
 
   Topology(Topology&&) noexcept;
   Topology& operator=(Topology&&) noexcept;

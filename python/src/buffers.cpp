@@ -26,12 +26,18 @@ std::string lower(std::string s) {
 }
 
 std::optional<DType> torch_dtype(const std::string& name) {
-  static const std::pair<const char*, DType> kMap[] = {
-      {"torch.float32", DType::kF32}, {"torch.float64", DType::kF64}, {"torch.float16", DType::kF16},
-      {"torch.bfloat16", DType::kBF16}, {"torch.int8", DType::kI8},   {"torch.int16", DType::kI16},
-      {"torch.int32", DType::kI32},   {"torch.int64", DType::kI64},   {"torch.uint8", DType::kU8},
-      {"torch.bool", DType::kBool},   {"torch.float8_e4m3fn", DType::kF8E4M3},
-      {"torch.float8_e5m2", DType::kF8E5M2}};
+  static const std::pair<const char*, DType> kMap[] = {{"torch.float32", DType::kF32},
+                                                       {"torch.float64", DType::kF64},
+                                                       {"torch.float16", DType::kF16},
+                                                       {"torch.bfloat16", DType::kBF16},
+                                                       {"torch.int8", DType::kI8},
+                                                       {"torch.int16", DType::kI16},
+                                                       {"torch.int32", DType::kI32},
+                                                       {"torch.int64", DType::kI64},
+                                                       {"torch.uint8", DType::kU8},
+                                                       {"torch.bool", DType::kBool},
+                                                       {"torch.float8_e4m3fn", DType::kF8E4M3},
+                                                       {"torch.float8_e5m2", DType::kF8E5M2}};
   for (const auto& [n, t] : kMap)
     if (name == n) return t;
   return std::nullopt;
@@ -131,8 +137,7 @@ void classify_format(const std::string& format_in, size_t itemsize, BufferRef& b
       b.natural = DType::kBool;
       b.type_name = "bool";
       return;
-    default:
-      return;
+    default: return;
   }
 }
 
@@ -196,8 +201,9 @@ h5ckpt::Result<DType> resolve_dtype(const BufferRef& b, std::optional<DType> req
   const DType want = *requested;
   if (h5ckpt::dtype_size(want) != b.itemsize)
     return Status(ErrorCode::kDtypeMismatch, std::string("dtype ") + h5ckpt::dtype_name(want) + " has " +
-                                                 std::to_string(h5ckpt::dtype_size(want)) + "-byte elements, the buffer (" +
-                                                 b.type_name + ") " + std::to_string(b.itemsize) + "-byte ones");
+                                                 std::to_string(h5ckpt::dtype_size(want)) +
+                                                 "-byte elements, the buffer (" + b.type_name + ") " +
+                                                 std::to_string(b.itemsize) + "-byte ones");
   if (b.natural && *b.natural != want && !b.raw_bits)
     return Status(ErrorCode::kDtypeMismatch, "the buffer holds " + b.type_name + ", not " + h5ckpt::dtype_name(want) +
                                                  " (only integer buffers may carry the raw bits of another dtype)");
@@ -230,17 +236,18 @@ void PyStateDict::defer(const Status& st) {
 Status PyStateDict::local_status(bool for_load) const {
   if (!deferred.ok()) {
     if (deferred_count == 1) return deferred;
-    return Status(deferred.code(),
-                  deferred.message() + " (and " + std::to_string(deferred_count - 1) + " more problem(s) on this rank)");
+    return Status(deferred.code(), deferred.message() + " (and " + std::to_string(deferred_count - 1) +
+                                       " more problem(s) on this rank)");
   }
   const auto& items = sd.items();
   for (size_t i = 0; i < items.size(); ++i) {
     const Hold* h = holds[i].get();
     if (h && h->loader) {
       if (loader_generation(h->loader) != h->loader_generation)
-        return Status(ErrorCode::kInvalidArgument,
-                      "key '" + items[i].key +
-                          "': its LoaderCheckpoint staged other items since (its bytes are gone); build a new StateDict");
+        return Status(
+            ErrorCode::kInvalidArgument,
+            "key '" + items[i].key +
+                "': its LoaderCheckpoint staged other items since (its bytes are gone); build a new StateDict");
     }
     if (for_load && !writable[i])
       return Status(ErrorCode::kInvalidArgument,

@@ -53,10 +53,8 @@ std::pair<Result<R>, std::vector<HoldPtr>> run_collective(PyCheckpointer& pc, Py
   {
     py::gil_scoped_release release;
     Status agreed = agree(world, local);
-    if (!agreed.ok())
-      r.emplace(agreed);
-    else
-      r.emplace(f(ck, copy));
+    if (!agreed.ok()) r.emplace(agreed);
+    else r.emplace(f(ck, copy));
   }
   return {std::move(*r), std::move(holds)};
 }
@@ -218,8 +216,9 @@ void bind_types(py::module_& m) {
       .value("REMOTE", ErrorCode::kRemote)
       .value("UNSUPPORTED", ErrorCode::kUnsupported)
       .value("INTERNAL", ErrorCode::kInternal);
-  m.def("error_code_name", [](ErrorCode c) { return std::string(error_code_name(c)); },
-        "The code's name as messages print it, e.g. 'corrupt'.");
+  m.def(
+      "error_code_name", [](ErrorCode c) { return std::string(error_code_name(c)); },
+      "The code's name as messages print it, e.g. 'corrupt'.");
 
   py::enum_<DType>(m, "DType", "Element types a checkpoint can hold.")
       .value("F32", DType::kF32)
@@ -235,47 +234,60 @@ void bind_types(py::module_& m) {
       .value("U8", DType::kU8)
       .value("BOOL", DType::kBool);
   m.def("dtype_size", &dtype_size, "Bytes per element.");
-  m.def("dtype_name", [](DType t) { return std::string(dtype_name(t)); }, "Canonical name: 'f32', 'bf16', ...");
-  m.def("dtype_from_name", [](const std::string& n) { return unwrap(dtype_from_name(n)); },
-        "Inverse of dtype_name; also accepts aliases ('float32', 'bfloat16').");
+  m.def(
+      "dtype_name", [](DType t) { return std::string(dtype_name(t)); }, "Canonical name: 'f32', 'bf16', ...");
+  m.def(
+      "dtype_from_name", [](const std::string& n) { return unwrap(dtype_from_name(n)); },
+      "Inverse of dtype_name; also accepts aliases ('float32', 'bfloat16').");
   m.def("dtype_is_float", &dtype_is_float);
   m.def("numpy_dtype", &numpy_dtype, "numpy dtype of an h5ckpt dtype (bf16 and fp8 as their raw bits: uint16, uint8).");
 
   py::enum_<Device>(m, "Device").value("HOST", Device::kHost).value("CUDA", Device::kCuda);
 
   py::class_<Box>(m, "Box", "An n-D box: origin and extent per dimension.")
-      .def(py::init([](py::handle offset, py::handle shape) { return Box{shape_arg(offset), shape_arg(shape)}; }),
+      .def(py::init([](py::handle offset, py::handle shape) {
+             return Box{shape_arg(offset), shape_arg(shape)};
+           }),
            py::arg("offset"), py::arg("shape"))
       .def_readwrite("offset", &Box::offset)
       .def_readwrite("shape", &Box::shape)
       .def_property_readonly("ndim", &Box::ndim)
       .def("volume", &Box::volume)
       .def("__eq__", [](const Box& a, const Box& b) { return a == b; })
-      .def("__repr__", [](const Box& b) { return "Box(offset=" + shape_str(b.offset) + ", shape=" + shape_str(b.shape) + ")"; });
+      .def("__repr__",
+           [](const Box& b) { return "Box(offset=" + shape_str(b.offset) + ", shape=" + shape_str(b.shape) + ")"; });
 
   py::class_<ShardSpec>(m, "ShardSpec",
                         "What part of a tensor's global shape one rank holds: a box, or a flat range of a box's "
                         "row-major flattening (ZeRO). Build with whole, box_of, split or flat_range.")
       .def_readwrite("box", &ShardSpec::box)
       .def_readwrite("flat", &ShardSpec::flat)
-      .def_static("whole", [](py::handle shape) { return ShardSpec::whole(shape_arg(shape)); }, py::arg("global_shape"),
-                  "The whole tensor (a replicated item).")
-      .def_static("box_of", [](py::handle off, py::handle shape) { return ShardSpec::box_of(shape_arg(off), shape_arg(shape)); },
-                  py::arg("offset"), py::arg("shape"), "An explicit box.")
-      .def_static("split",
-                  [](py::handle shape, int dim, int parts, int index) { return ShardSpec::split(shape_arg(shape), dim, parts, index); },
-                  py::arg("global_shape"), py::arg("dim"), py::arg("parts"), py::arg("index"),
-                  "Part `index` of dimension `dim` cut into `parts` near-equal parts (the first n % parts get one more).")
+      .def_static(
+          "whole", [](py::handle shape) { return ShardSpec::whole(shape_arg(shape)); }, py::arg("global_shape"),
+          "The whole tensor (a replicated item).")
+      .def_static(
+          "box_of",
+          [](py::handle off, py::handle shape) { return ShardSpec::box_of(shape_arg(off), shape_arg(shape)); },
+          py::arg("offset"), py::arg("shape"), "An explicit box.")
+      .def_static(
+          "split",
+          [](py::handle shape, int dim, int parts, int index) {
+            return ShardSpec::split(shape_arg(shape), dim, parts, index);
+          },
+          py::arg("global_shape"), py::arg("dim"), py::arg("parts"), py::arg("index"),
+          "Part `index` of dimension `dim` cut into `parts` near-equal parts (the first n % parts get one more).")
       .def_static("flat_range", &ShardSpec::flat_range, py::arg("box"), py::arg("begin"), py::arg("end"),
                   "Elements [begin, end) of the row-major flattening of `box`.")
       .def("numel", &ShardSpec::numel)
-      .def("validate", [](const ShardSpec& s, py::handle shape) { check(s.validate(shape_arg(shape))); },
-           py::arg("global_shape"), "Raises h5ckpt.Error when the spec does not fit the global shape.")
+      .def(
+          "validate", [](const ShardSpec& s, py::handle shape) { check(s.validate(shape_arg(shape))); },
+          py::arg("global_shape"), "Raises h5ckpt.Error when the spec does not fit the global shape.")
       .def("__eq__", [](const ShardSpec& a, const ShardSpec& b) { return a == b; })
       .def("__repr__", &spec_repr);
 
-  py::class_<ParallelSizes>(m, "ParallelSizes",
-                            "Sizes of the parallel dimensions; the world size is tp * cp * dp * pp, and ep divides dp * cp.")
+  py::class_<ParallelSizes>(
+      m, "ParallelSizes",
+      "Sizes of the parallel dimensions; the world size is tp * cp * dp * pp, and ep divides dp * cp.")
       .def(py::init([](int tp, int dp, int pp, int cp, int ep) {
              ParallelSizes s;
              s.tp = tp, s.dp = dp, s.pp = pp, s.cp = cp, s.ep = ep;
@@ -288,9 +300,10 @@ void bind_types(py::module_& m) {
       .def_readwrite("cp", &ParallelSizes::cp, "context parallel")
       .def_readwrite("ep", &ParallelSizes::ep, "expert parallel")
       .def("edp", &ParallelSizes::edp, "Expert-data-parallel size: dp * cp / ep.")
-      .def("__eq__", [](const ParallelSizes& a, const ParallelSizes& b) {
-        return a.tp == b.tp && a.dp == b.dp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep;
-      })
+      .def("__eq__",
+           [](const ParallelSizes& a, const ParallelSizes& b) {
+             return a.tp == b.tp && a.dp == b.dp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep;
+           })
       .def("__repr__", &sizes_repr);
   py::class_<RankCoords>(m, "RankCoords",
                          "A rank's dense (tp, cp, dp, pp) and expert (ep, edp) coordinates. == compares the dense\n"
@@ -311,8 +324,9 @@ void bind_types(py::module_& m) {
       .def_readwrite("edp", &RankCoords::edp, "expert-data-parallel rank")
       .def("__eq__", [](const RankCoords& a, const RankCoords& b) { return a == b; })
       .def("__repr__", [](const RankCoords& c) {
-        return "RankCoords(tp=" + std::to_string(c.tp) + ", dp=" + std::to_string(c.dp) + ", pp=" + std::to_string(c.pp) +
-               ", cp=" + std::to_string(c.cp) + ", ep=" + std::to_string(c.ep) + ", edp=" + std::to_string(c.edp) + ")";
+        return "RankCoords(tp=" + std::to_string(c.tp) + ", dp=" + std::to_string(c.dp) +
+               ", pp=" + std::to_string(c.pp) + ", cp=" + std::to_string(c.cp) + ", ep=" + std::to_string(c.ep) +
+               ", edp=" + std::to_string(c.edp) + ")";
       });
 
   py::class_<ShardPiece>(m, "ShardPiece",
@@ -325,7 +339,8 @@ void bind_types(py::module_& m) {
            py::arg("shard"), py::arg("buffer_offset") = 0)
       .def_readwrite("shard", &ShardPiece::shard)
       .def_readwrite("buffer_offset", &ShardPiece::buffer_offset, "bytes from the buffer's start")
-      .def("__eq__", [](const ShardPiece& a, const ShardPiece& b) { return a.shard == b.shard && a.buffer_offset == b.buffer_offset; })
+      .def("__eq__", [](const ShardPiece& a,
+                        const ShardPiece& b) { return a.shard == b.shard && a.buffer_offset == b.buffer_offset; })
       .def("__repr__", [](const ShardPiece& p) {
         return "ShardPiece(" + spec_repr(p.shard) + ", buffer_offset=" + std::to_string(p.buffer_offset) + ")";
       });
@@ -342,7 +357,9 @@ void bind_core(py::module_& m) {
       .def_property(
           "aggregate_writes",
           [](const SaveOptions& o) {
-            return o.aggregate_writes == AggregateWrites::kOn ? "on" : o.aggregate_writes == AggregateWrites::kOff ? "off" : "auto";
+            return o.aggregate_writes == AggregateWrites::kOn    ? "on"
+                   : o.aggregate_writes == AggregateWrites::kOff ? "off"
+                                                                 : "auto";
           },
           [](SaveOptions& o, const std::string& v) {
             if (v == "auto") o.aggregate_writes = AggregateWrites::kAuto;
@@ -414,8 +431,9 @@ void bind_core(py::module_& m) {
                      "node-local directory of multi-level saves ('{node}': the node's index); empty: off")
       .def_readwrite("local_replicas", &CheckpointerOptions::local_replicas,
                      "copies of each node's files on the next nodes")
-      .def_readwrite("persist_every", &CheckpointerOptions::persist_every,
-                     "every persist_every-th save (by step, else count) also goes to the shared level; 0: only persist=True")
+      .def_readwrite(
+          "persist_every", &CheckpointerOptions::persist_every,
+          "every persist_every-th save (by step, else count) also goes to the shared level; 0: only persist=True")
       .def_readwrite("local_keep", &CheckpointerOptions::local_keep, "local checkpoints each node keeps");
 
   // ---- reports ----
@@ -464,7 +482,8 @@ void bind_core(py::module_& m) {
       .def_readonly("level", &ResolvedCheckpoint::level, "'local' or 'shared'")
       .def_readonly("reason", &ResolvedCheckpoint::reason, "which checkpoint and why")
       .def("__repr__", [](const ResolvedCheckpoint& r) {
-        return "<h5ckpt.ResolvedCheckpoint " + r.level + " " + r.info.path + " step " + std::to_string(r.info.step) + ">";
+        return "<h5ckpt.ResolvedCheckpoint " + r.level + " " + r.info.path + " step " + std::to_string(r.info.step) +
+               ">";
       });
 
   // ---- state dict ----
@@ -498,7 +517,8 @@ void bind_core(py::module_& m) {
       .def(
           "add_pieces",
           [](PyStateDict& self, const std::string& key, py::handle dtype, py::handle global_shape, py::handle pieces,
-             py::handle data, py::handle device) { add_pieces_item(self, key, dtype, global_shape, pieces, data, device); },
+             py::handle data,
+             py::handle device) { add_pieces_item(self, key, dtype, global_shape, pieces, data, device); },
           py::arg("key"), py::arg("dtype"), py::arg("global_shape"), py::arg("pieces"), py::arg("data"), py::kw_only(),
           py::arg("device") = py::none(),
           "Adds several pieces of one tensor of `global_shape` that live in one buffer (a fused layout, e.g. a\n"
@@ -510,7 +530,8 @@ void bind_core(py::module_& m) {
           "add_bytes",
           [](PyStateDict& self, const std::string& key, py::handle data) {
             BufferRef b = get_buffer(data);
-            if (!b.error.empty()) return self.defer(Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + b.error));
+            if (!b.error.empty())
+              return self.defer(Status(ErrorCode::kInvalidArgument, "key '" + key + "': " + b.error));
             self.sd.add_bytes(key, b.ptr, static_cast<size_t>(b.numel) * b.itemsize);
             self.holds.push_back(b.hold);
             self.writable.push_back(b.writable ? 1 : 0);
@@ -520,11 +541,12 @@ void bind_core(py::module_& m) {
           "A load fills it in place, so it must be writable then and of the saved size.")
       .def("__len__", [](const PyStateDict& s) { return s.sd.size(); })
       .def("__contains__", [](const PyStateDict& s, const std::string& k) { return s.sd.find(k) != nullptr; })
-      .def("keys", [](const PyStateDict& s) {
-        std::vector<std::string> k;
-        for (const auto& it : s.sd.items()) k.push_back(it.key);
-        return k;
-      })
+      .def("keys",
+           [](const PyStateDict& s) {
+             std::vector<std::string> k;
+             for (const auto& it : s.sd.items()) k.push_back(it.key);
+             return k;
+           })
       .def(
           "buffer",
           [](const PyStateDict& s, const std::string& key) -> py::object {
@@ -557,12 +579,14 @@ void bind_core(py::module_& m) {
             return st.ok() ? py::object(py::none()) : py::object(py::str(st.to_string()));
           },
           "This rank's first problem with an added item (the next save or load raises it), or None.")
-      .def("__repr__", [](const PyStateDict& s) { return "<h5ckpt.StateDict with " + std::to_string(s.sd.size()) + " items>"; });
+      .def("__repr__",
+           [](const PyStateDict& s) { return "<h5ckpt.StateDict with " + std::to_string(s.sd.size()) + " items>"; });
 
   // ---- topology ----
-  py::class_<PyTopology>(m, "Topology",
-                         "The TP/DP/PP communicators of a job (duplicates, owned by the Topology). Close it (or let it\n"
-                         "go) before MPI finalizes; the package closes every live one at interpreter exit.")
+  py::class_<PyTopology>(
+      m, "Topology",
+      "The TP/DP/PP communicators of a job (duplicates, owned by the Topology). Close it (or let it\n"
+      "go) before MPI finalizes; the package closes every live one at interpreter exit.")
       .def_static(
           "create",
           [](py::object comm, int tp, int dp, int pp, int cp, int ep) {
@@ -608,22 +632,28 @@ void bind_core(py::module_& m) {
       .def_property_readonly("sizes", [](const PyTopology& t) { return t.get().sizes(); })
       .def_property_readonly("coords", [](const PyTopology& t) { return t.get().coords(); })
       .def_property_readonly("all_coords", [](const PyTopology& t) { return t.get().all_coords(); })
-      .def("world", [](const PyTopology& t) { return comm_to_py(t.get().world()); },
-           "The topology's world communicator (an mpi4py Comm, valid while the Topology lives).")
+      .def(
+          "world", [](const PyTopology& t) { return comm_to_py(t.get().world()); },
+          "The topology's world communicator (an mpi4py Comm, valid while the Topology lives).")
       .def("tp_comm", [](const PyTopology& t) { return comm_to_py(t.get().tp_comm()); })
       .def("dp_comm", [](const PyTopology& t) { return comm_to_py(t.get().dp_comm()); })
       .def("pp_comm", [](const PyTopology& t) { return comm_to_py(t.get().pp_comm()); })
-      .def("cp_comm", [](const PyTopology& t) { return comm_to_py(t.get().cp_comm()); },
-           "Context parallel: same (tp, dp, pp), ordered by cp.")
-      .def("dp_cp_comm", [](const PyTopology& t) { return comm_to_py(t.get().dp_cp_comm()); },
-           "Dense DP x CP group (same tp, pp), ordered by dp * CP + cp.")
-      .def("ep_comm", [](const PyTopology& t) { return comm_to_py(t.get().ep_comm()); },
-           "Expert parallel: same (tp, pp, edp), ordered by ep.")
-      .def("expert_dp_comm", [](const PyTopology& t) { return comm_to_py(t.get().expert_dp_comm()); },
-           "Expert data parallel: same (tp, pp, ep), ordered by edp.")
+      .def(
+          "cp_comm", [](const PyTopology& t) { return comm_to_py(t.get().cp_comm()); },
+          "Context parallel: same (tp, dp, pp), ordered by cp.")
+      .def(
+          "dp_cp_comm", [](const PyTopology& t) { return comm_to_py(t.get().dp_cp_comm()); },
+          "Dense DP x CP group (same tp, pp), ordered by dp * CP + cp.")
+      .def(
+          "ep_comm", [](const PyTopology& t) { return comm_to_py(t.get().ep_comm()); },
+          "Expert parallel: same (tp, pp, edp), ordered by ep.")
+      .def(
+          "expert_dp_comm", [](const PyTopology& t) { return comm_to_py(t.get().expert_dp_comm()); },
+          "Expert data parallel: same (tp, pp, ep), ordered by edp.")
       .def_property_readonly("closed", [](const PyTopology& t) { return !t.topo; })
       .def("close", &PyTopology::close,
-           "Frees the communicators (once no Checkpointer uses them). Not collective in practice, but call it on all ranks.")
+           "Frees the communicators (once no Checkpointer uses them). Not collective in practice, but call it on all "
+           "ranks.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyTopology& t, py::args) { t.close(); })
       .def("__repr__", [](const PyTopology& t) {
@@ -631,12 +661,14 @@ void bind_core(py::module_& m) {
         auto s = t.topo->sizes();
         auto c = t.topo->coords();
         const bool extra = s.cp != 1 || s.ep != 1;
-        return "<h5ckpt.Topology tp=" + std::to_string(s.tp) + " dp=" + std::to_string(s.dp) + " pp=" + std::to_string(s.pp) +
+        return "<h5ckpt.Topology tp=" + std::to_string(s.tp) + " dp=" + std::to_string(s.dp) +
+               " pp=" + std::to_string(s.pp) +
                (extra ? " cp=" + std::to_string(s.cp) + " ep=" + std::to_string(s.ep) : std::string()) + " rank " +
                std::to_string(t.topo->rank()) + " at (tp " + std::to_string(c.tp) + ", dp " + std::to_string(c.dp) +
                ", pp " + std::to_string(c.pp) +
-               (extra ? ", cp " + std::to_string(c.cp) + ", ep " + std::to_string(c.ep) + ", edp " + std::to_string(c.edp)
-                      : std::string()) +
+               (extra
+                    ? ", cp " + std::to_string(c.cp) + ", ep " + std::to_string(c.ep) + ", edp " + std::to_string(c.edp)
+                    : std::string()) +
                ")>";
       });
 
@@ -666,8 +698,9 @@ void bind_core(py::module_& m) {
           },
           "Blocks until the save has committed or failed; returns the SaveReport or raises h5ckpt.Error\n"
           "(the same on every rank). May be called again.")
-      .def_property_readonly("held_buffers", [](const PySaveHandle& h) { return h.holds.size(); },
-                             "How many buffers the handle still keeps alive.");
+      .def_property_readonly(
+          "held_buffers", [](const PySaveHandle& h) { return h.holds.size(); },
+          "How many buffers the handle still keeps alive.");
 
   // ---- checkpointer ----
   py::class_<PyCheckpointer>(m, "Checkpointer",
@@ -677,10 +710,8 @@ void bind_core(py::module_& m) {
       .def(py::init([](PyTopology& topo, py::object options, py::kwargs kw) {
              CheckpointerOptions opts;
              if (!options.is_none()) {
-               if (py::isinstance<Config>(options))
-                 opts = options.cast<Config>().checkpointer;
-               else
-                 opts = options.cast<CheckpointerOptions>();
+               if (py::isinstance<Config>(options)) opts = options.cast<Config>().checkpointer;
+               else opts = options.cast<CheckpointerOptions>();
              }
              opts = with_kwargs(opts, kw);
              auto pc = std::make_unique<PyCheckpointer>();
@@ -698,9 +729,8 @@ void bind_core(py::module_& m) {
           "save",
           [](PyCheckpointer& pc, PyStateDict& state, const std::string& path, py::object options, py::kwargs kw) {
             SaveOptions o = options_arg<SaveOptions>(options, kw);
-            auto [r, holds] = run_collective<SaveReport>(pc, state, false, [&](Checkpointer& ck, StateDict& sd) {
-              return ck.save(sd, path, o);
-            });
+            auto [r, holds] = run_collective<SaveReport>(
+                pc, state, false, [&](Checkpointer& ck, StateDict& sd) { return ck.save(sd, path, o); });
             return unwrap(std::move(r));
           },
           py::arg("state"), py::arg("path"), py::arg("options") = py::none(),
@@ -709,9 +739,8 @@ void bind_core(py::module_& m) {
           "save_async",
           [](PyCheckpointer& pc, PyStateDict& state, const std::string& path, py::object options, py::kwargs kw) {
             SaveOptions o = options_arg<SaveOptions>(options, kw);
-            auto [r, holds] = run_collective<SaveHandle>(pc, state, false, [&](Checkpointer& ck, StateDict& sd) {
-              return ck.save_async(sd, path, o);
-            });
+            auto [r, holds] = run_collective<SaveHandle>(
+                pc, state, false, [&](Checkpointer& ck, StateDict& sd) { return ck.save_async(sd, path, o); });
             auto h = std::make_unique<PySaveHandle>();
             h->handle = unwrap(std::move(r));
             h->holds = std::move(holds);
@@ -723,9 +752,8 @@ void bind_core(py::module_& m) {
           "load",
           [](PyCheckpointer& pc, PyStateDict& state, const std::string& path, py::object options, py::kwargs kw) {
             LoadOptions o = options_arg<LoadOptions>(options, kw);
-            auto [r, holds] = run_collective<LoadReport>(pc, state, true, [&](Checkpointer& ck, StateDict& sd) {
-              return ck.load(sd, path, o);
-            });
+            auto [r, holds] = run_collective<LoadReport>(
+                pc, state, true, [&](Checkpointer& ck, StateDict& sd) { return ck.load(sd, path, o); });
             return unwrap(std::move(r));
           },
           py::arg("state"), py::arg("path"), py::arg("options") = py::none(),
@@ -761,8 +789,10 @@ void bind_core(py::module_& m) {
             ck.touch_staging();
           },
           "Re-reads the staging pool's pages (before timing a save_async on VMs that take idle memory back).")
-      .def("set_attribute", [](PyCheckpointer& pc, const std::string& n, const std::string& v) { pc.get().set_attribute(n, v); },
-           py::arg("name"), py::arg("value"), "A string attribute stored with the next saves.")
+      .def(
+          "set_attribute",
+          [](PyCheckpointer& pc, const std::string& n, const std::string& v) { pc.get().set_attribute(n, v); },
+          py::arg("name"), py::arg("value"), "A string attribute stored with the next saves.")
       .def_property_readonly("closed", [](const PyCheckpointer& pc) { return !pc.ck; })
       .def("close", &PyCheckpointer::close, "Waits for the save in flight and frees the Checkpointer.")
       .def("__enter__", [](py::object self) { return self; })
@@ -775,17 +805,24 @@ void bind_core(py::module_& m) {
       .def_readwrite("save", &Config::save)
       .def_readwrite("load", &Config::load)
       .def_readwrite("log_level", &Config::log_level);
-  m.def("load_config", [](const std::string& path) { return unwrap(load_config(path)); }, py::arg("path"),
-        "Defaults overlaid with the TOML file at `path`.");
-  m.def("parse_config", [](const std::string& text, const std::string& source) { return unwrap(parse_config(text, source)); },
-        py::arg("text"), py::arg("source") = "<string>", "Like load_config, from TOML text.");
-  m.def("apply_env", [](Config& c) { check(apply_env(c)); }, py::arg("config"),
-        "Overlays the H5CKPT_* environment variables on `config` in place.");
-  m.def("resolve_config", [](const std::string& p) { return unwrap(resolve_config(p)); }, py::arg("path") = "",
-        "Defaults < file (path, else $H5CKPT_CONFIG) < environment; applies the log level.");
-  m.def("set_log_level", [](const std::string& l) { check(set_log_level(l)); }, py::arg("level"));
-  m.def("parse_byte_size", [](const std::string& t) { return unwrap(parse_byte_size(t)); }, py::arg("text"),
-        "'1.5GiB' -> 1610612736.");
+  m.def(
+      "load_config", [](const std::string& path) { return unwrap(load_config(path)); }, py::arg("path"),
+      "Defaults overlaid with the TOML file at `path`.");
+  m.def(
+      "parse_config",
+      [](const std::string& text, const std::string& source) { return unwrap(parse_config(text, source)); },
+      py::arg("text"), py::arg("source") = "<string>", "Like load_config, from TOML text.");
+  m.def(
+      "apply_env", [](Config& c) { check(apply_env(c)); }, py::arg("config"),
+      "Overlays the H5CKPT_* environment variables on `config` in place.");
+  m.def(
+      "resolve_config", [](const std::string& p) { return unwrap(resolve_config(p)); }, py::arg("path") = "",
+      "Defaults < file (path, else $H5CKPT_CONFIG) < environment; applies the log level.");
+  m.def(
+      "set_log_level", [](const std::string& l) { check(set_log_level(l)); }, py::arg("level"));
+  m.def(
+      "parse_byte_size", [](const std::string& t) { return unwrap(parse_byte_size(t)); }, py::arg("text"),
+      "'1.5GiB' -> 1610612736.");
 }
 
 }  // namespace h5ckpt_py

@@ -51,10 +51,11 @@ py::object read_into(py::handle out, py::handle dtype, DType stored, const Shape
   BufferRef b = get_buffer(out);
   if (!b.error.empty()) raise_status(Status(ErrorCode::kInvalidArgument, "out: " + b.error));
   if (!b.writable) raise_status(Status(ErrorCode::kInvalidArgument, "out: the buffer is read-only"));
-  if (b.device != Device::kHost) raise_status(Status(ErrorCode::kUnsupported, "out: the reader fills host memory only"));
+  if (b.device != Device::kHost)
+    raise_status(Status(ErrorCode::kUnsupported, "out: the reader fills host memory only"));
   if (b.numel != numel)
     raise_status(Status(ErrorCode::kShapeMismatch, "out: key '" + key + "' needs " + std::to_string(numel) +
-                                                      " elements, the buffer has " + std::to_string(b.numel)));
+                                                       " elements, the buffer has " + std::to_string(b.numel)));
   DType dst = unwrap(resolve_dtype(b, dtype_arg(dtype)));
   Status st;
   {
@@ -105,13 +106,15 @@ void bind_info(py::module_& m) {
       .def_readonly("saved_coords", &CheckpointInfo::saved_coords)
       .def_readonly("tensors", &CheckpointInfo::tensors)
       .def_readonly("attributes", &CheckpointInfo::attributes)
-      .def("find", [](const CheckpointInfo& i, const std::string& k) { return i.find(k); }, py::arg("key"),
-           py::return_value_policy::reference_internal, "The stored tensor `key`, or None.")
-      .def("keys", [](const CheckpointInfo& i) {
-        std::vector<std::string> k;
-        for (const auto& t : i.tensors) k.push_back(t.key);
-        return k;
-      })
+      .def(
+          "find", [](const CheckpointInfo& i, const std::string& k) { return i.find(k); }, py::arg("key"),
+          py::return_value_policy::reference_internal, "The stored tensor `key`, or None.")
+      .def("keys",
+           [](const CheckpointInfo& i) {
+             std::vector<std::string> k;
+             for (const auto& t : i.tensors) k.push_back(t.key);
+             return k;
+           })
       .def("total_bytes", &CheckpointInfo::total_bytes)
       .def("__repr__", [](const CheckpointInfo& i) {
         return "<h5ckpt.CheckpointInfo " + i.path + " step " + std::to_string(i.step) + ", " +
@@ -151,13 +154,15 @@ void bind_info(py::module_& m) {
       .def_readonly("in_progress", &CheckpointDirEntry::in_progress)
       .def_readonly("latest", &CheckpointDirEntry::latest)
       .def("__repr__", [](const CheckpointDirEntry& e) {
-        return "CheckpointDirEntry('" + e.name + "'" + (e.latest ? ", latest" : "") + (e.in_progress ? ", in progress" : "") + ")";
+        return "CheckpointDirEntry('" + e.name + "'" + (e.latest ? ", latest" : "") +
+               (e.in_progress ? ", in progress" : "") + ")";
       });
   py::class_<CheckpointListing>(m, "CheckpointListing")
       .def_readonly("latest", &CheckpointListing::latest)
       .def_readonly("checkpoints", &CheckpointListing::checkpoints);
-  m.def("list_checkpoints", [](const std::string& root) { return unwrap(list_checkpoints(root)); }, py::arg("root"),
-        "The checkpoint directories directly under `root` and its `latest` pointer.");
+  m.def(
+      "list_checkpoints", [](const std::string& root) { return unwrap(list_checkpoints(root)); }, py::arg("root"),
+      "The checkpoint directories directly under `root` and its `latest` pointer.");
 
   py::class_<PruneOptions>(m, "PruneOptions")
       .def(py::init([](py::kwargs kw) { return with_kwargs(PruneOptions{}, kw); }))
@@ -201,10 +206,13 @@ void bind_info(py::module_& m) {
           py::arg("path"), "Opens a checkpoint directory, or a directory whose `latest` names one.")
       .def_property_readonly("info", [](PyReader& r) { return r.get().info(); })
       .def("keys", [](PyReader& r) { return r.get().keys(); })
-      .def("find", [](PyReader& r, const std::string& k) -> py::object {
-        const TensorInfo* t = r.get().find(k);
-        return t ? py::cast(*t) : py::object(py::none());
-      }, py::arg("key"))
+      .def(
+          "find",
+          [](PyReader& r, const std::string& k) -> py::object {
+            const TensorInfo* t = r.get().find(k);
+            return t ? py::cast(*t) : py::object(py::none());
+          },
+          py::arg("key"))
       .def(
           "read",
           [](PyReader& r, const std::string& key, py::object box, py::object dtype, py::object out) {
@@ -232,12 +240,14 @@ void bind_info(py::module_& m) {
                              [&](DType dst, void* ptr) { return rd.read_shard(key, shard, dst, ptr); });
           },
           py::arg("key"), py::arg("shard"), py::kw_only(), py::arg("dtype") = py::none(), py::arg("out") = py::none(),
-          "Reads what `shard` names, laid out as that shard's StateDict buffer (a box's shape, or 1-D for a flat range).")
+          "Reads what `shard` names, laid out as that shard's StateDict buffer (a box's shape, or 1-D for a flat "
+          "range).")
       .def_property_readonly("bytes_read", [](PyReader& r) { return r.get().bytes_read(); })
-      .def("close", [](PyReader& r) {
-        std::lock_guard<std::mutex> lock(r.mu);
-        r.reader.reset();
-      })
+      .def("close",
+           [](PyReader& r) {
+             std::lock_guard<std::mutex> lock(r.mu);
+             r.reader.reset();
+           })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyReader& r, py::args) {
         std::lock_guard<std::mutex> lock(r.mu);
@@ -254,8 +264,8 @@ void bind_info(py::module_& m) {
         if (s.device != Device::kHost || d.device != Device::kHost)
           raise_status(Status(ErrorCode::kUnsupported, "convert_elements works on host memory"));
         if (s.numel != d.numel)
-          raise_status(Status(ErrorCode::kShapeMismatch, "src has " + std::to_string(s.numel) + " elements, dst " +
-                                                             std::to_string(d.numel)));
+          raise_status(Status(ErrorCode::kShapeMismatch,
+                              "src has " + std::to_string(s.numel) + " elements, dst " + std::to_string(d.numel)));
         DType st = unwrap(resolve_dtype(s, dtype_arg(src_dtype)));
         DType dt = unwrap(resolve_dtype(d, dtype_arg(dst_dtype)));
         Status r;

@@ -51,7 +51,10 @@ void bind_loader(py::module_& m) {
       .def_readwrite("workers_per_rank", &LoaderConfig::workers_per_rank)
       .def("validate", [](const LoaderConfig& c) { check(c.validate()); });
   py::class_<SampleId>(m, "SampleId")
-      .def(py::init([](int32_t s, int64_t r) { return SampleId{s, r}; }), py::arg("source") = 0, py::arg("record") = 0)
+      .def(py::init([](int32_t s, int64_t r) {
+             return SampleId{s, r};
+           }),
+           py::arg("source") = 0, py::arg("record") = 0)
       .def_readwrite("source", &SampleId::source)
       .def_readwrite("record", &SampleId::record)
       .def("__eq__", [](const SampleId& a, const SampleId& b) { return a == b; })
@@ -99,9 +102,13 @@ void bind_loader(py::module_& m) {
 
   m.def("initial_replicated", &initial_replicated, py::arg("config"), py::arg("num_shards"));
   m.def("initial_shard", &initial_shard, py::arg("replicated"), py::arg("shard"));
-  m.def("reshard", [](const ReplicatedState& rep, const std::vector<ShardState>& old, int64_t n) { return unwrap(reshard(rep, old, n)); },
-        py::arg("replicated"), py::arg("old_shards"), py::arg("new_num_shards"),
-        "Splits or merges all old shards into new_num_shards, keeping every sample exactly once.");
+  m.def(
+      "reshard",
+      [](const ReplicatedState& rep, const std::vector<ShardState>& old, int64_t n) {
+        return unwrap(reshard(rep, old, n));
+      },
+      py::arg("replicated"), py::arg("old_shards"), py::arg("new_num_shards"),
+      "Splits or merges all old shards into new_num_shards, keeping every sample exactly once.");
   m.def("serialize", [](const ReplicatedState& r) { return to_bytes(serialize(r)); });
   m.def("serialize", [](const ShardState& s) { return to_bytes(serialize(s)); });
   m.def("parse_replicated", [](py::bytes b) {
@@ -114,13 +121,15 @@ void bind_loader(py::module_& m) {
   });
   m.def("replicated_key", [] { return std::string(replicated_key()); });
   m.def("shard_key", &shard_key, py::arg("dp_rank"), py::arg("worker"));
-  m.def("parse_shard_key", [](const std::string& k) { return unwrap(parse_shard_key(k)); }, py::arg("key"));
+  m.def(
+      "parse_shard_key", [](const std::string& k) { return unwrap(parse_shard_key(k)); }, py::arg("key"));
 
-  py::class_<PyLoaderCheckpoint>(m, "LoaderCheckpoint",
-                                 "Owns the byte buffers a StateDict references while the loader is saved or loaded.\n"
-                                 "save: stage_save(sd, loader, dp_rank), then Checkpointer.save. load: stage_load(sd, info),\n"
-                                 "Checkpointer.load, finish_load(...). A stage_* call frees what the previous one staged\n"
-                                 "(a StateDict still referencing it then fails its next save/load with a clear error).")
+  py::class_<PyLoaderCheckpoint>(
+      m, "LoaderCheckpoint",
+      "Owns the byte buffers a StateDict references while the loader is saved or loaded.\n"
+      "save: stage_save(sd, loader, dp_rank), then Checkpointer.save. load: stage_load(sd, info),\n"
+      "Checkpointer.load, finish_load(...). A stage_* call frees what the previous one staged\n"
+      "(a StateDict still referencing it then fails its next save/load with a clear error).")
       .def(py::init<>())
       .def(
           "stage_save",
@@ -143,11 +152,12 @@ void bind_loader(py::module_& m) {
             check(st);
           },
           py::arg("state"), py::arg("info"))
-      .def("finish_load",
-           [](const PyLoaderCheckpoint& lc, int dp_size, int dp_rank, int workers) {
-             return unwrap(lc.lc.finish_load(dp_size, dp_rank, workers));
-           },
-           py::arg("dp_size"), py::arg("dp_rank"), py::arg("workers_per_rank"))
+      .def(
+          "finish_load",
+          [](const PyLoaderCheckpoint& lc, int dp_size, int dp_rank, int workers) {
+            return unwrap(lc.lc.finish_load(dp_size, dp_rank, workers));
+          },
+          py::arg("dp_size"), py::arg("dp_rank"), py::arg("workers_per_rank"))
       .def("saved_shards", [](const PyLoaderCheckpoint& lc) { return unwrap(lc.lc.saved_shards()); })
       .def("saved_replicated", [](const PyLoaderCheckpoint& lc) { return unwrap(lc.lc.saved_replicated()); });
 }

@@ -169,7 +169,8 @@ PYBIND11_MODULE(_core, m) {
   bind_transfer(m);
   py::module_ loader = m.def_submodule("loader", "Data-loader state as reshardable checkpoint items (loader_state.h)");
   bind_loader(loader);
-  m.def("version", [] { return std::string(h5ckpt::version()); }, "Library version string, e.g. '0.1.0'.");
+  m.def(
+      "version", [] { return std::string(h5ckpt::version()); }, "Library version string, e.g. '0.1.0'.");
   m.def("_close_all", &close_all,
         "Closes every live Checkpointer (waiting for its save in flight) and Topology; registered with "
         "atexit by the package so that their communicators are freed before MPI_Finalize.");

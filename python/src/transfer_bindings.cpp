@@ -61,8 +61,7 @@ void bind_transfer(py::module_& m) {
            py::arg("comm") = py::none())
       .def(
           "transfer",
-          [](PyStateTransfer& self, PyStateDict* source, PyStateDict* destination,
-             py::object options, py::kwargs kw) {
+          [](PyStateTransfer& self, PyStateDict* source, PyStateDict* destination, py::object options, py::kwargs kw) {
             if (!self.x) check(h5ckpt::Status(h5ckpt::ErrorCode::kInvalidArgument, "StateTransfer is closed"));
             TransferOptions o = options.is_none() ? TransferOptions{} : options.cast<TransferOptions>();
             o = with_kwargs(o, kw);

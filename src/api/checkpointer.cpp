@@ -19,7 +19,10 @@ namespace h5ckpt {
 
 struct Checkpointer::Impl {
   Impl(const Topology& t, const CheckpointerOptions& o)
-      : topology(&t), options(o), budget(o.memory_bytes), async(detail::TopologyAccess::of(t), o, pool),
+      : topology(&t),
+        options(o),
+        budget(o.memory_bytes),
+        async(detail::TopologyAccess::of(t), o, pool),
         level(engine::make_level({comms(), options, pool, load_cache, device_link})) {
     pool.set_budget(&budget);
   }
@@ -30,9 +33,9 @@ struct Checkpointer::Impl {
   engine::PlanCache plan_cache;
   engine::LoadPlanCache load_cache;
   std::map<std::string, std::string> attributes;
-  Status auth;  // loading auth_key_file, agreed at each save and load
+  Status auth;                  // loading auth_key_file, agreed at each save and load
   engine::MemoryBudget budget;  // before `pool`, whose capacity is leased from it
-  engine::StagingPool pool;  // declared before `async`, which uses it until it is destroyed
+  engine::StagingPool pool;     // declared before `async`, which uses it until it is destroyed
   engine::DeviceLink device_link;
   engine::AsyncSaver async;
   std::unique_ptr<engine::Level> level;  // chosen once: shared, or node-local (local_dir)
@@ -63,8 +66,8 @@ Status agree_on_key(const CheckpointerOptions& options, const Status& loaded, MP
   }
   H5CKPT_RETURN_IF_ERROR(comm::agree(local, world, flags, 2));
   if (flags[0] != -flags[1])
-    return Status(ErrorCode::kInvalidArgument, "auth_key_file '" + options.auth_key_file +
-                                                   "' holds different keys on different ranks");
+    return Status(ErrorCode::kInvalidArgument,
+                  "auth_key_file '" + options.auth_key_file + "' holds different keys on different ranks");
   return Status::Ok();
 }
 }  // namespace
@@ -93,7 +96,8 @@ void Checkpointer::reset_memory_peak() {
 Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string& path, const SaveOptions& options) {
   // The same check, before any communication, on every rank: a budget too small fails at once.
   H5CKPT_RETURN_IF_ERROR(engine::check_memory_bytes(impl_->options.memory_bytes).with_context("save '" + path + "'"));
-  H5CKPT_RETURN_IF_ERROR(agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("save '" + path + "'"));
+  H5CKPT_RETURN_IF_ERROR(
+      agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("save '" + path + "'"));
   wait_pending();
   impl_->resolved.reset();
   H5CKPT_ASSIGN_OR_RETURN(engine::SaveJob job,
@@ -141,7 +145,8 @@ Result<ResolvedCheckpoint> Checkpointer::resolve(const std::string& path) {
 
 Result<LoadReport> Checkpointer::load(StateDict& state, const std::string& path, const LoadOptions& options) {
   H5CKPT_RETURN_IF_ERROR(engine::check_memory_bytes(impl_->options.memory_bytes).with_context("load '" + path + "'"));
-  H5CKPT_RETURN_IF_ERROR(agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("load '" + path + "'"));
+  H5CKPT_RETURN_IF_ERROR(
+      agree_on_key(impl_->options, impl_->auth, impl_->comms().world.get()).with_context("load '" + path + "'"));
   wait_pending();
   // The answer of a resolve() of this path right before, else a fresh one; used once, so a later
   // load sees the storage as it is then. Every rank has the same (resolve is collective).

@@ -25,8 +25,8 @@ StateItem& StateDict::add_bytes(std::string key, void* data, size_t size) {
   return add(std::move(key), DType::kU8, shape, ShardSpec::whole(shape), data);
 }
 
-StateItem& StateDict::add_pieces(std::string key, DType dtype, Shape global_shape,
-                                 std::vector<ShardPiece> pieces, void* data, Device device) {
+StateItem& StateDict::add_pieces(std::string key, DType dtype, Shape global_shape, std::vector<ShardPiece> pieces,
+                                 void* data, Device device) {
   StateItem item;
   item.key = std::move(key);
   item.dtype = dtype;

@@ -196,15 +196,14 @@ int h5ckpt_state_add_flat(h5ckpt_state_t* state, const char* key, int dtype, int
 }
 
 int h5ckpt_state_add_pieces(h5ckpt_state_t* state, const char* key, int dtype, int ndim, const int64_t* global_shape,
-                            int npieces, const int64_t* offsets, const int64_t* lengths,
-                            const uint64_t* buffer_offsets, void* data) {
+                            int npieces, const int64_t* offsets, const int64_t* lengths, const uint64_t* buffer_offsets,
+                            void* data) {
   return guarded("h5ckpt_state_add_pieces", [&] {
     h5ckpt::Shape shape;
-    if (const int rc = tensor_args("h5ckpt_state_add_pieces", state, key, dtype, ndim, global_shape, &shape))
-      return rc;
+    if (const int rc = tensor_args("h5ckpt_state_add_pieces", state, key, dtype, ndim, global_shape, &shape)) return rc;
     if (npieces < 1)
-      return fail(ErrorCode::kInvalidArgument, std::string("h5ckpt_state_add_pieces: '") + key + "' needs npieces >= 1, got " +
-                                                   std::to_string(npieces));
+      return fail(ErrorCode::kInvalidArgument, std::string("h5ckpt_state_add_pieces: '") + key +
+                                                   "' needs npieces >= 1, got " + std::to_string(npieces));
     if (!offsets || !lengths || !buffer_offsets)
       return fail(ErrorCode::kInvalidArgument, std::string("h5ckpt_state_add_pieces: '") + key +
                                                    "' needs offsets, lengths and buffer_offsets arrays");
@@ -273,8 +272,7 @@ void h5ckpt_checkpointer_options_init(h5ckpt_checkpointer_options_t* options) {
   options->local_keep = d.local_keep;
 }
 
-int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
-                                            const h5ckpt_checkpointer_options_t* options,
+int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo, const h5ckpt_checkpointer_options_t* options,
                                             h5ckpt_checkpointer_t** out) {
   return guarded("h5ckpt_checkpointer_create_with_options", [&] {
     const char* where = "h5ckpt_checkpointer_create_with_options: ";
@@ -286,8 +284,9 @@ int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo,
       if (!(options->timeout_s >= 0) || options->keep_last < 0 || options->keep_every < 0 || options->io_threads < 1 ||
           options->local_replicas < 0 || options->persist_every < 0 || options->local_keep < 0)
         return fail(ErrorCode::kInvalidArgument,
-                    std::string(where) + "timeout_s, keep_last, keep_every, local_replicas, persist_every and "
-                                         "local_keep must be >= 0 and io_threads >= 1");
+                    std::string(where) +
+                        "timeout_s, keep_last, keep_every, local_replicas, persist_every and "
+                        "local_keep must be >= 0 and io_threads >= 1");
       o.staging_bytes = options->staging_bytes;
       o.timeout_s = options->timeout_s;
       o.keep_last = options->keep_last;
@@ -308,7 +307,8 @@ int h5ckpt_checkpointer_resolve(h5ckpt_checkpointer_t* ck, const char* path, h5c
   return guarded("h5ckpt_checkpointer_resolve", [&] {
     if (!info) return fail(ErrorCode::kInvalidArgument, "h5ckpt_checkpointer_resolve: info is NULL");
     *info = nullptr;
-    if (!ck || !path) return fail(ErrorCode::kInvalidArgument, "h5ckpt_checkpointer_resolve: checkpointer or path is NULL");
+    if (!ck || !path)
+      return fail(ErrorCode::kInvalidArgument, "h5ckpt_checkpointer_resolve: checkpointer or path is NULL");
     auto r = ck->ck.resolve(path);
     if (!r.ok()) return fail(r.status());
     if (is_local) *is_local = r->level == "local" ? 1 : 0;
@@ -411,7 +411,8 @@ int h5ckpt_load_with_options(h5ckpt_checkpointer_t* ck, h5ckpt_state_t* state, c
       o.zero_redundancy = options->zero_redundancy != 0;
       if (options->strictness < H5CKPT_STRICT_IGNORE_UNEXPECTED || options->strictness > H5CKPT_STRICT_ALLOW_MISSING)
         return fail(ErrorCode::kInvalidArgument, "h5ckpt_load_with_options: strictness " +
-                                                     std::to_string(options->strictness) + " is none of H5CKPT_STRICT_*");
+                                                     std::to_string(options->strictness) +
+                                                     " is none of H5CKPT_STRICT_*");
       o.strictness = static_cast<h5ckpt::LoadStrictness>(options->strictness);
     }
     return report(ck->ck.load(state->dict, path, o).status());
@@ -516,7 +517,8 @@ int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* sourc
       o.memory_bytes = options->memory_bytes;
       o.timeout_s = options->timeout_s;
     }
-    auto r = transfer->transfer.transfer(source ? &source->dict : nullptr, destination ? &destination->dict : nullptr, o);
+    auto r =
+        transfer->transfer.transfer(source ? &source->dict : nullptr, destination ? &destination->dict : nullptr, o);
     if (r.ok() && out) {
       out->delta = r->delta;
       out->bytes_sent = r->bytes_sent;

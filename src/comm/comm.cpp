@@ -158,9 +158,9 @@ Status agree(const Status& local, MPI_Comm comm, int* flags, int nflags) {
   mine[0] = local.ok() ? INT_MAX : rank;
   for (int f = 0; f < nflags; ++f) mine[1 + f] = flags[f];
   MPI_Request req;
-  H5CKPT_RETURN_IF_ERROR(mpi_status(
-      MPI_Iallreduce(mine.data(), min.data(), static_cast<int>(width), MPI_INT, MPI_MIN, comm, &req),
-      "agreement (MPI_Iallreduce)"));
+  H5CKPT_RETURN_IF_ERROR(
+      mpi_status(MPI_Iallreduce(mine.data(), min.data(), static_cast<int>(width), MPI_INT, MPI_MIN, comm, &req),
+                 "agreement (MPI_Iallreduce)"));
   H5CKPT_RETURN_IF_ERROR(wait_asleep(1, &req, kAgreePollMicros, "agreement (MPI_Iallreduce)", comm));
   count_received(log2_ceil(size), log2_ceil(size) * width * sizeof(int));
   for (int f = 0; f < nflags; ++f) flags[f] = min[1 + f];
@@ -230,8 +230,8 @@ Result<NodeShared> NodeShared::allocate(uint64_t bytes, MPI_Comm node) {
     const BlockingGuard guard("node shared memory (MPI_Win_allocate_shared)", node);  // collective, blocking
     // Rank 0 holds the whole buffer; 1 byte when empty, so every node has a valid address.
     const MPI_Aint mine = rank == 0 ? static_cast<MPI_Aint>(std::max<uint64_t>(bytes, 1)) : 0;
-    H5CKPT_RETURN_IF_ERROR(mpi_status(MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, node, &base, &out.win_),
-                                      "MPI_Win_allocate_shared"));
+    H5CKPT_RETURN_IF_ERROR(
+        mpi_status(MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, node, &base, &out.win_), "MPI_Win_allocate_shared"));
   }
   MPI_Aint got = 0;
   int unit = 1;

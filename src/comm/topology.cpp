@@ -130,8 +130,7 @@ Result<Topology> Topology::from_comms(MPI_Comm world, MPI_Comm tp, MPI_Comm dp, 
   return from_comms(world, tp, MPI_COMM_SELF, dp, pp, MPI_COMM_SELF);
 }
 
-Result<Topology> Topology::from_comms(MPI_Comm world, MPI_Comm tp, MPI_Comm cp, MPI_Comm dp, MPI_Comm pp,
-                                      MPI_Comm ep) {
+Result<Topology> Topology::from_comms(MPI_Comm world, MPI_Comm tp, MPI_Comm cp, MPI_Comm dp, MPI_Comm pp, MPI_Comm ep) {
   auto impl = std::make_unique<Impl>();
   H5CKPT_ASSIGN_OR_RETURN(impl->world, comm::Comm::duplicate(world));
   H5CKPT_ASSIGN_OR_RETURN(impl->tp, comm::Comm::duplicate(tp));
@@ -165,8 +164,7 @@ Result<Topology> Topology::from_comms(MPI_Comm world, MPI_Comm tp, MPI_Comm cp, 
   if (z.ep > 1) {
     H5CKPT_ASSIGN_OR_RETURN(impl->ep, comm::Comm::duplicate(ep));
     // Expert DP: the ranks of my DP x CP group (same tp, pp) with my EP rank, ordered by dp * CP + cp.
-    H5CKPT_RETURN_IF_ERROR(
-        split_into(impl->world, (c.pp * z.ep + c.ep) * z.tp + c.tp, c.dp * z.cp + c.cp, impl->edp));
+    H5CKPT_RETURN_IF_ERROR(split_into(impl->world, (c.pp * z.ep + c.ep) * z.tp + c.tp, c.dp * z.cp + c.cp, impl->edp));
     impl->coords.edp = impl->edp.rank();
   } else {
     impl->coords.edp = c.dp * z.cp + c.cp;
@@ -220,8 +218,8 @@ Status Topology::Impl::setup_nodes() {
       MPI_Iallgather(&rank, 1, MPI_INT, node_ranks.data(), 1, MPI_INT, node.get(), &req), "MPI_Iallgather(node)"));
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 50, "topology set-up (node members)", node.get()));
   int lead_flag = leader() ? 1 : 0;
-  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
-      MPI_Iallreduce(&lead_flag, &nodes, 1, MPI_INT, MPI_SUM, world.get(), &req), "MPI_Iallreduce(nodes)"));
+  H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Iallreduce(&lead_flag, &nodes, 1, MPI_INT, MPI_SUM, world.get(), &req),
+                                          "MPI_Iallreduce(nodes)"));
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 50, "topology set-up (node count)", world.get()));
   if (leader()) {
     ByteWriter w;

@@ -38,7 +38,7 @@ struct [[gnu::visibility("hidden")]] Topology::Impl {
   /// on the coordinator only). Collective over the world.
   Result<std::string> scatter(const std::vector<std::string>& parts) const;
   /// Broadcasts from the coordinator to the leaders, then within each node. Collective.
-  Status bcast(std::string& bytes) const;
+  Status bcast(std::string & bytes) const;
 
   /// One copy per node of `size` bytes that only the coordinator has (`fill` writes them into the
   /// buffer on the coordinator): the coordinator broadcasts them to the node leaders, straight

@@ -23,7 +23,18 @@ namespace h5ckpt {
 
 namespace {
 
-enum class Kind { kBool, kSize, kPositiveSize, kThreads, kCount, kString, kLogLevel, kSeconds, kStrictness, kAggregateWrites };
+enum class Kind {
+  kBool,
+  kSize,
+  kPositiveSize,
+  kThreads,
+  kCount,
+  kString,
+  kLogLevel,
+  kSeconds,
+  kStrictness,
+  kAggregateWrites
+};
 
 using Value = std::variant<bool, uint64_t, std::string, double>;
 
@@ -75,9 +86,13 @@ const KeyDef kKeys[] = {
     {"checkpointer", "io_threads", "H5CKPT_IO_THREADS", Kind::kThreads,
      [](Config& c, const Value& v) { c.checkpointer.io_threads = static_cast<int>(u(v)); }},
     {"checkpointer", "verify_threads", "H5CKPT_VERIFY_THREADS", Kind::kCount,
-     [](Config& c, const Value& v) { c.checkpointer.verify_threads = static_cast<int>(std::min<uint64_t>(u(v), 1024)); }},
+     [](Config& c, const Value& v) {
+       c.checkpointer.verify_threads = static_cast<int>(std::min<uint64_t>(u(v), 1024));
+     }},
     {"checkpointer", "snapshot_threads", "H5CKPT_SNAPSHOT_THREADS", Kind::kCount,
-     [](Config& c, const Value& v) { c.checkpointer.snapshot_threads = static_cast<int>(std::min<uint64_t>(u(v), 1024)); }},
+     [](Config& c, const Value& v) {
+       c.checkpointer.snapshot_threads = static_cast<int>(std::min<uint64_t>(u(v), 1024));
+     }},
     {"checkpointer", "timeout_s", "H5CKPT_TIMEOUT_S", Kind::kSeconds,
      [](Config& c, const Value& v) { c.checkpointer.timeout_s = seconds(v); }},
     {"checkpointer", "keep_last", "H5CKPT_KEEP_LAST", Kind::kCount,
@@ -87,7 +102,9 @@ const KeyDef kKeys[] = {
     {"checkpointer", "local_dir", "H5CKPT_LOCAL_DIR", Kind::kString,
      [](Config& c, const Value& v) { c.checkpointer.local_dir = s(v); }},
     {"checkpointer", "local_replicas", "H5CKPT_LOCAL_REPLICAS", Kind::kCount,
-     [](Config& c, const Value& v) { c.checkpointer.local_replicas = static_cast<int>(std::min<uint64_t>(u(v), 1u << 20)); }},
+     [](Config& c, const Value& v) {
+       c.checkpointer.local_replicas = static_cast<int>(std::min<uint64_t>(u(v), 1u << 20));
+     }},
     {"checkpointer", "persist_every", "H5CKPT_PERSIST_EVERY", Kind::kCount,
      [](Config& c, const Value& v) { c.checkpointer.persist_every = static_cast<int64_t>(u(v)); }},
     {"checkpointer", "auth_key_file", "H5CKPT_AUTH_KEY_FILE", Kind::kString,

@@ -23,7 +23,7 @@ constexpr int kTag = 29;                        // the only point-to-point traff
 constexpr uint64_t kDomainAlign = 1u << 20;     // domains start on MiB boundaries (blocks, stripes)
 constexpr uint64_t kReadThroughGap = 1u << 20;  // a smaller hole costs less to read than a 2nd pread
 constexpr uint64_t kMinWindow = 4096;
-constexpr uint64_t kMinBoundedWindow = 64;  // windows of a memory budget (caller's slots)
+constexpr uint64_t kMinBoundedWindow = 64;   // windows of a memory budget (caller's slots)
 constexpr uint64_t kMaxWindow = 1ull << 30;  // keeps every piece length below INT_MAX
 constexpr int kSlots = 2;                    // one window is read while the previous one is sent
 constexpr int kPollMicros = 50;
@@ -198,10 +198,9 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
       comm::mpi_status(MPI_Iallreduce(ext, all, 2, MPI_UINT64_T, MPI_MAX, comm, &req), "MPI_Iallreduce"));
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, kPollMicros, "aggregated read (extent)", comm));
   if (all[1] == 0) return report;  // nobody reads anything
-  const Geometry g =
-      two_phase::make_geometry(kNone - all[0], all[1], n,
-                               std::clamp<uint64_t>(window_bytes, pool ? kMinWindow : kMinBoundedWindow, kMaxWindow),
-                               kDomainAlign);
+  const Geometry g = two_phase::make_geometry(
+      kNone - all[0], all[1], n, std::clamp<uint64_t>(window_bytes, pool ? kMinWindow : kMinBoundedWindow, kMaxWindow),
+      kDomainAlign);
 
   // Tell each aggregator what this rank wants from its domain.
   const std::vector<Cut> cuts = cut_pieces(g, pieces);

@@ -43,11 +43,11 @@ std::vector<Cut> cut_pieces(const two_phase::Geometry& g, const std::vector<Writ
 
 // What an aggregator does with one window of its domain.
 struct WindowPlan {
-  uint64_t begin = 0;                                      // file offset of buffer byte 0
-  std::map<int, two_phase::Blocks> receives;               // rank -> buffer blocks
-  std::vector<std::pair<uint64_t, uint64_t>> extents;      // file offset, length of every piece
-  std::vector<std::pair<uint64_t, const Cut*>> local;      // buffer offset -> my own cut
-  std::vector<std::pair<uint64_t, uint64_t>> spans;        // writes: file offset, length
+  uint64_t begin = 0;                                  // file offset of buffer byte 0
+  std::map<int, two_phase::Blocks> receives;           // rank -> buffer blocks
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // file offset, length of every piece
+  std::vector<std::pair<uint64_t, const Cut*>> local;  // buffer offset -> my own cut
+  std::vector<std::pair<uint64_t, uint64_t>> spans;    // writes: file offset, length
 };
 
 std::vector<WindowPlan> plan_windows(const two_phase::Geometry& g, int me,

@@ -94,9 +94,9 @@ class StagedSource : public WriteSource {
 // What this rank snapshots, and whether into the pool.
 struct SnapshotPlan {
   std::shared_ptr<const std::vector<planner::WriteItem>> writes;
-  Status planned;             // a planning bug: it fails the write phase everywhere
-  uint64_t wanted = 0;        // pool bytes asked for
-  bool staged = false;        // pieces are copied into the pool (else the writer takes the caller's buffers)
+  Status planned;               // a planning bug: it fails the write phase everywhere
+  uint64_t wanted = 0;          // pool bytes asked for
+  bool staged = false;          // pieces are copied into the pool (else the writer takes the caller's buffers)
   bool after_snapshot = false;  // the pool holds the whole snapshot: the writer starts after it
 };
 
@@ -123,8 +123,8 @@ SnapshotPlan plan_snapshot(int rank, const SaveJob& job, const StateDict& state,
   if (writes.ok() && p.staged && mine && pool.capacity() < options.max_piece_bytes)  // a piece must fit the pool
     writes = plan_my_writes(rank, job, state, pool.capacity());
   p.planned = writes.status();
-  p.writes = std::make_shared<const std::vector<planner::WriteItem>>(
-      writes.ok() ? std::move(writes).value() : std::vector<planner::WriteItem>{});
+  p.writes = std::make_shared<const std::vector<planner::WriteItem>>(writes.ok() ? std::move(writes).value()
+                                                                                 : std::vector<planner::WriteItem>{});
   // When the pool holds the whole snapshot, the writer starts after it: its collectives (MPI
   // progress polls) and writes would otherwise take CPU from the copy the trainer waits for.
   p.after_snapshot = p.staged && pool.capacity() >= mine;
@@ -174,7 +174,11 @@ void write_in_background(const std::shared_ptr<SaveHandle::State>& st, const std
 class SnapshotCopy {
  public:
   SnapshotCopy(StagedSource& source, StagingPool& pool, bool staged, int copiers, detail::WorkPool* copy_pool)
-      : source_(source), pool_(pool), staged_(staged), copiers_(copiers), copy_pool_(copy_pool),
+      : source_(source),
+        pool_(pool),
+        staged_(staged),
+        copiers_(copiers),
+        copy_pool_(copy_pool),
         dev_(device::staging()) {}
 
   /// Copies every write, then hands the last pieces to the writer. Returns the bytes copied only

@@ -92,7 +92,7 @@ struct SaveJob {
   // Written by save_write, read by save_commit.
   std::vector<int64_t> offsets;                 ///< file offset of every dataset
   std::vector<wire::RegionChecksum> checksums;  ///< of the regions this rank wrote
-  std::shared_ptr<void> level_state;  ///< what the level (engine/level.h) captured at prepare
+  std::shared_ptr<void> level_state;            ///< what the level (engine/level.h) captured at prepare
   /// Called by the level once `source` is drained, before the commit records the report (an
   /// async save adds its snapshot's figures).
   std::function<void(SaveReport&)> before_commit;
@@ -167,8 +167,8 @@ struct LoadPlanCache {
   planner::LoadContract contract;       ///< merged over the ranks: the same on every rank
   planner::LoadContract contract_mine;  ///< this rank's problems (sent again when another rank replans)
   std::shared_ptr<const std::vector<std::string>> ckpt_keys;  ///< every key of the checkpoint, sorted
-  std::vector<unsigned char> requested;  ///< bitmap over ckpt_keys: the keys this rank loads
-  std::vector<char> skips;               ///< per item: not in the checkpoint
+  std::vector<unsigned char> requested;                       ///< bitmap over ckpt_keys: the keys this rank loads
+  std::vector<char> skips;                                    ///< per item: not in the checkpoint
 };
 
 /// Collective load over topo.world (see Checkpointer::load). Device items are read (or

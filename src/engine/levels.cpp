@@ -122,8 +122,10 @@ class LocalLevel final : public Level {
     if (!res.local) return shared_.load(state, res, options);
     // The same on every rank (the resolution is collective), so is this refusal.
     if (options.check_only)
-      return Status(ErrorCode::kInvalidArgument, "check_only checks loads from the shared level only; this load "
-                                                 "would read the node-local checkpoint '" + res.dir + "'")
+      return Status(ErrorCode::kInvalidArgument,
+                    "check_only checks loads from the shared level only; this load "
+                    "would read the node-local checkpoint '" +
+                        res.dir + "'")
           .with_context("load '" + res.requested + "'");
     // A file that fails a block check while it is served is moved aside on every rank's word;
     // resolving again then serves it from another copy, or reads another level.
@@ -149,7 +151,7 @@ class LocalLevel final : public Level {
   LevelContext ctx_;
   SharedLevel shared_;  // loads of shared checkpoints, and persists' commits go through save_commit
   std::shared_ptr<const local::NodeMap> nodes_;  // made by the first local save or load
-  int64_t saves_ = 0;                           // for persist_every
+  int64_t saves_ = 0;                            // for persist_every
 };
 
 }  // namespace

@@ -99,7 +99,8 @@ uint64_t request_hash(const std::vector<planner::LoadWant>& wants, const LoadOpt
   }
   // verify_checksums too: a load that verifies every region needs the metadata of all tensors,
   // where the cached one may hold only this rank's.
-  const uint8_t flags[6] = {options.strict, options.convert_dtype, options.zero_redundancy, options.aggregate_reads,
+  const uint8_t flags[6] = {options.strict,           options.convert_dtype,
+                            options.zero_redundancy,  options.aggregate_reads,
                             options.verify_checksums, static_cast<uint8_t>(options.strictness)};
   XXH3_64bits_update(&h, flags, sizeof flags);
   return XXH3_64bits_digest(&h);
@@ -124,10 +125,12 @@ Result<std::string> read_metadata_message(const std::string& path, std::vector<c
                           storage::read_whole_file((fs::path(dir) / storage::kMetadataFileName).string()));
   if (storage::declared_format_version(text) == static_cast<uint64_t>(storage::v2::kFormatVersion)) {
     H5CKPT_ASSIGN_OR_RETURN(storage::v2::Summary summary, storage::v2::parse_summary(text));
-    H5CKPT_ASSIGN_OR_RETURN(auto reader, storage::RegionReader::open((fs::path(dir) / storage::kDataFileName).string()));
+    H5CKPT_ASSIGN_OR_RETURN(auto reader,
+                            storage::RegionReader::open((fs::path(dir) / storage::kDataFileName).string()));
     H5CKPT_ASSIGN_OR_RETURN(*image, storage::v2::read_image(summary, reader));
     H5CKPT_RETURN_IF_ERROR(
-        storage::v2::Index::open(summary, image->data(), image->size(), reader.file_size(), /*validate=*/true).status());
+        storage::v2::Index::open(summary, image->data(), image->size(), reader.file_size(), /*validate=*/true)
+            .status());
   }
   return wire::encode_pair(dir, text);
 }
@@ -156,8 +159,8 @@ Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text
   const uint64_t size = summary.image_bytes();
   auto shared = run.topo.share_with_nodes(size, [&](char* out) {
     if (image.size() != size)
-      return Status(ErrorCode::kInternal, "index image of " + std::to_string(image.size()) + " bytes, summary says " +
-                                              std::to_string(size));
+      return Status(ErrorCode::kInternal,
+                    "index image of " + std::to_string(image.size()) + " bytes, summary says " + std::to_string(size));
     std::memcpy(out, image.data(), size);
     return Status::Ok();
   });
@@ -284,7 +287,8 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
       cache.skips[i] = !found;
       if (!found) continue;
       const size_t at = static_cast<size_t>(std::lower_bound(keys->begin(), keys->end(), it.key) - keys->begin());
-      if (at < keys->size() && (*keys)[at] == it.key) cache.requested[at / 8] |= static_cast<unsigned char>(1u << (at % 8));
+      if (at < keys->size() && (*keys)[at] == it.key)
+        cache.requested[at / 8] |= static_cast<unsigned char>(1u << (at % 8));
     }
     planner::normalize_contract(cache.contract_mine);
     cache.ckpt_keys = std::move(keys);
@@ -504,10 +508,10 @@ struct AggregatedLoad {
     int item;
     const ReadItem* read;
     const TensorInfo* tensor;
-    bool convert;             // a whole item in its stored dtype (else a checked span)
+    bool convert;  // a whole item in its stored dtype (else a checked span)
     storage::CheckedSpan span;
     Box want;
-    uint64_t bytes;           // scratch bytes
+    uint64_t bytes;  // scratch bytes
     char* buf = nullptr;
   };
 
@@ -523,8 +527,8 @@ struct AggregatedLoad {
   LoadRun& run;
   const CheckpointInfo& info;
   const uint64_t budget;
-  const uint64_t window;     // bytes of each read window
-  const uint64_t room;       // scratch bytes for the units of one round
+  const uint64_t window;         // bytes of each read window
+  const uint64_t room;           // scratch bytes for the units of one round
   std::vector<ReadPiece> plain;  // straight into the caller's buffers (read in the first round)
   std::vector<Unit> units;
   std::vector<size_t> round_end;  // units [round_end[k-1], round_end[k]) form round k
@@ -583,9 +587,10 @@ struct AggregatedLoad {
                         uint64_t es) {
     const storage::RegionBlocks rb = storage::region_blocks(*t, t->regions[span.region]);
     const int64_t be = std::max<int64_t>(1, static_cast<int64_t>(rb.block_bytes / es));
-    const int64_t step =
-        budget ? std::max<int64_t>(1, static_cast<int64_t>((room - kStagingAlign) / std::max<uint64_t>(rb.block_bytes, 1))) * be
-               : span.end - span.begin;
+    const int64_t step = budget ? std::max<int64_t>(1, static_cast<int64_t>((room - kStagingAlign) /
+                                                                            std::max<uint64_t>(rb.block_bytes, 1))) *
+                                      be
+                                : span.end - span.begin;
     for (int64_t c0 = span.begin; c0 < span.end; c0 += step) {
       const storage::CheckedSpan chunk{span.region, c0, std::min(span.end, c0 + step), true, 0};
       units.push_back({r.item, &r, t, false, chunk, box, static_cast<uint64_t>(chunk.end - chunk.begin) * es});
@@ -597,8 +602,13 @@ struct AggregatedLoad {
     for (const ReadItem& r : run.cache.plan.items) {
       StateItem& it = run.state.items()[r.item];
       if (r.stored.file_offset < 0) continue;  // empty tensor
-      if (r.stored.dtype != it.dtype) {  // the conversion unit comes before the item's checked spans
-        units.push_back({r.item, &r, info.find(it.key), true, {}, {},
+      if (r.stored.dtype != it.dtype) {        // the conversion unit comes before the item's checked spans
+        units.push_back({r.item,
+                         &r,
+                         info.find(it.key),
+                         true,
+                         {},
+                         {},
                          static_cast<uint64_t>(it.shard.numel()) * dtype_size(r.stored.dtype)});
         item_pieces(plain, r, nullptr, /*add_checked=*/true);  // only the checked units now
       } else {
@@ -619,12 +629,12 @@ struct AggregatedLoad {
       const uint64_t need = aligned(units[u].bytes);
       if (need > room) {
         const StateItem& it = run.state.items()[units[u].item];
-        local = Status(ErrorCode::kInvalidArgument,
-                       "key '" + it.key + "': a two-phase read needs " + std::to_string(need) + " bytes at once (" +
-                           (units[u].convert ? "its shard in the stored dtype, for conversion"
-                                             : "one verification block") +
-                           "), more than the " + std::to_string(room) + " bytes memory_bytes = " +
-                           std::to_string(budget) + " leaves beside the read windows");
+        local =
+            Status(ErrorCode::kInvalidArgument,
+                   "key '" + it.key + "': a two-phase read needs " + std::to_string(need) + " bytes at once (" +
+                       (units[u].convert ? "its shard in the stored dtype, for conversion" : "one verification block") +
+                       "), more than the " + std::to_string(room) + " bytes memory_bytes = " + std::to_string(budget) +
+                       " leaves beside the read windows");
         break;
       }
       if (fill + need > room) {
@@ -645,9 +655,9 @@ struct AggregatedLoad {
     if (budget) {
       run.pool.reserve(2 * window + most);
       if (run.pool.capacity() < 2 * window + most)
-        local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(2 * window + most) +
-                                           " bytes of read windows and buffers within memory_bytes = " +
-                                           std::to_string(budget));
+        local = Status(ErrorCode::kIo,
+                       "could not allocate " + std::to_string(2 * window + most) +
+                           " bytes of read windows and buffers within memory_bytes = " + std::to_string(budget));
       slots = run.pool.base();
       scratch = slots + 2 * window;
     } else if (most) {
@@ -669,7 +679,8 @@ struct AggregatedLoad {
         item_pieces(pieces, *unit.read, unit.buf, /*add_checked=*/false);
       } else {
         const planner::Frame to = storage::span_frame(*unit.tensor, unit.span);
-        for (const Box& piece : storage::span_boxes(*unit.tensor, unit.span)) want_pieces(pieces, *unit.read, piece, to, unit.buf);
+        for (const Box& piece : storage::span_boxes(*unit.tensor, unit.span))
+          want_pieces(pieces, *unit.read, piece, to, unit.buf);
       }
     }
     auto done = budget ? aggregated_read(run.world(), run.data_file, std::move(pieces), window, slots)
@@ -705,7 +716,8 @@ struct AggregatedLoad {
       StateItem& it = run.state.items()[unit.item];
       checks->submit(group, [&unit, &it, this] {
         const double t0 = now_s();
-        Status st = storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
+        Status st =
+            storage::check_span(*unit.tensor, unit.span, unit.buf).with_context("key '" + unit.tensor->key + "'");
         if (st.ok())
           storage::copy_span_out(*unit.tensor, unit.span, unit.buf, unit.want, planner::frame_of(it.shard), it.dtype,
                                  it.data);
@@ -1045,8 +1057,8 @@ Result<LoadReport> load(const Topology::Impl& topo, StateDict& state, const std:
     return std::move(run.report);
   }
   const LoadStrictness mode = strictness_of(options);
-  if (Status c = planner::contract_status(contract, mode != LoadStrictness::kAllowMissing,
-                                          mode == LoadStrictness::kRaiseAll);
+  if (Status c =
+          planner::contract_status(contract, mode != LoadStrictness::kAllowMissing, mode == LoadStrictness::kRaiseAll);
       !c.ok()) {
     cache = LoadPlanCache{};
     return c.with_context(run.where);

@@ -267,8 +267,7 @@ Status check_copies(const SaveContext& c, const std::vector<ReplicaStream::Recei
 // Collective; the previous local checkpoint stays the newest committed one until the renames.
 Status commit(const SaveContext& c, const std::string& manifest) {
   Status st;
-  if (c.leader)
-    st = storage::write_file_atomic((fs::path(c.partial) / storage::kLocalManifestName).string(), manifest);
+  if (c.leader) st = storage::write_file_atomic((fs::path(c.partial) / storage::kLocalManifestName).string(), manifest);
   H5CKPT_RETURN_IF_ERROR(comm::agree(st, c.world));
   if (c.leader) {
     std::error_code ec;
@@ -287,8 +286,7 @@ Status commit(const SaveContext& c, const std::string& manifest) {
 Result<SaveReport> persist(const SaveContext& c) {
   const double t_persist = now_s();
   H5CKPT_RETURN_IF_ERROR(prepare_shared_dir(c.comms, c.job));
-  LocalFileSource from_file((fs::path(c.final_dir) / storage::local_rank_file(c.me)).string(),
-                            c.local.persist_writes);
+  LocalFileSource from_file((fs::path(c.final_dir) / storage::local_rank_file(c.me)).string(), c.local.persist_writes);
   SaveReport local_report = c.job.report;
   c.job.report.bytes_written = 0;
   util::test_point("persist_write", c.me);
@@ -306,7 +304,14 @@ Result<SaveReport> persist(const SaveContext& c) {
 Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const CheckpointerOptions& copts,
                               LocalSave& local, WriteSource& source) {
   const std::string partial = storage::local_partial_dir(local.dir, local.name);
-  const SaveContext c{comms, job, copts, local, comms.world.get(), comms.world.rank(), comms.leader(), partial,
+  const SaveContext c{comms,
+                      job,
+                      copts,
+                      local,
+                      comms.world.get(),
+                      comms.world.rank(),
+                      comms.leader(),
+                      partial,
                       (fs::path(local.dir) / local.name).string(),
                       (fs::path(partial) / storage::local_rank_file(comms.world.rank())).string()};
   SaveReport& report = job.report;
@@ -338,9 +343,10 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
   report.level = "local";
   report.bytes_total = 0;
   for (const auto& t : *job.plan) report.bytes_total += t.nbytes();
-  logging::log().info("local save '{}' committed: {} bytes here, {} bytes of replicas received, write {:.3f}s "
-                      "replicas {:.3f}s commit {:.3f}s",
-                      c.final_dir, file.bytes, received, report.write_s, report.replicate_s, report.commit_s);
+  logging::log().info(
+      "local save '{}' committed: {} bytes here, {} bytes of replicas received, write {:.3f}s "
+      "replicas {:.3f}s commit {:.3f}s",
+      c.final_dir, file.bytes, received, report.write_s, report.replicate_s, report.commit_s);
   if (!local.persist) {
     report.total_s = now_s() - job.t0;
     return report;

@@ -45,7 +45,7 @@ struct LocalSave {
   std::string dir;   ///< this node's local directory (local_dir with {node} expanded)
   std::string name;  ///< the checkpoint's name (last component of the shared path)
   bool persist = false;
-  uint64_t my_bytes = 0;  ///< bytes this rank's writes hold (what its partners receive)
+  uint64_t my_bytes = 0;      ///< bytes this rank's writes hold (what its partners receive)
   bool check_private = true;  ///< check first that no two nodes share the local directory
   /// This rank's writes for the persist, in local-file order (pieces of at most kPersistPiece).
   std::vector<planner::WriteItem> persist_writes;

@@ -38,10 +38,10 @@ constexpr uint64_t kUnboundedWindow = 256ull << 20;
 struct Dest {
   size_t item;
   size_t tensor;
-  char* landing;                // the item's buffer, or `staging`
-  uint64_t staging_bytes = 0;   // a device item's host staging, in the item's dtype
-  char* staging = nullptr;      // in the load's arena
-  bool convert = false;         // stored in another dtype: converted run by run as it lands
+  char* landing;               // the item's buffer, or `staging`
+  uint64_t staging_bytes = 0;  // a device item's host staging, in the item's dtype
+  char* staging = nullptr;     // in the load's arena
+  bool convert = false;        // stored in another dtype: converted run by run as it lands
 };
 
 // A piece at the requester: into element `dst` of dests[dest]'s landing buffer.
@@ -135,7 +135,13 @@ struct LocalLoad {
   int me, size;
   MPI_Comm world;
   LocalLoad(const Topology::Impl& t, StateDict& state, const Resolution& r, const LoadOptions& o, StagingPool& p)
-      : topo(t), res(r), options(o), pool(p), expanded(state), me(t.world.rank()), size(t.world.size()),
+      : topo(t),
+        res(r),
+        options(o),
+        pool(p),
+        expanded(state),
+        me(t.world.rank()),
+        size(t.world.size()),
         world(t.world.get()) {}
   StateDict& items() { return expanded.state(); }
 };
@@ -165,8 +171,8 @@ Status plan_dests(LocalLoad& L) {
       st = Status(ErrorCode::kShapeMismatch, ctx + ": the checkpoint's global shape differs");
     const bool convert = st.ok() && t.dtype != it.dtype;
     if (convert && !(L.options.convert_dtype && dtype_is_float(t.dtype) && dtype_is_float(it.dtype)))
-      st = Status(ErrorCode::kDtypeMismatch, ctx + ": saved as " + dtype_name(t.dtype) + ", wanted as " +
-                                                 dtype_name(it.dtype));
+      st = Status(ErrorCode::kDtypeMismatch,
+                  ctx + ": saved as " + dtype_name(t.dtype) + ", wanted as " + dtype_name(it.dtype));
     if (!st.ok()) break;
     Dest d{i, found->second, static_cast<char*>(it.data), 0, nullptr, convert};
     const uint64_t n = static_cast<uint64_t>(it.shard.numel());
@@ -202,7 +208,8 @@ Result<std::vector<std::string>> all_to_all(const std::vector<std::string>& to, 
   if (rc != MPI_SUCCESS) return comm::mpi_status(rc, "MPI_Ialltoallv");
   H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, what, world));
   std::vector<std::string> out(size);
-  for (int q = 0; q < size; ++q) out[q] = recvbuf.substr(static_cast<size_t>(rdispl[q]), static_cast<size_t>(recv_counts[q]));
+  for (int q = 0; q < size; ++q)
+    out[q] = recvbuf.substr(static_cast<size_t>(rdispl[q]), static_cast<size_t>(recv_counts[q]));
   return out;
 }
 
@@ -269,10 +276,12 @@ Status layout_window(LocalLoad& L, std::unique_ptr<char[]>& own, MemoryBudget::L
   window -= std::min(window, staging);
   // A block is checked through the cache: whole when it fits (then it serves the block's reads),
   // else in pieces of the cache's size. Under a budget it takes at most a quarter of the window.
-  L.cache_bytes = block == 0 ? 0 : bounded ? std::min<uint64_t>(block, std::max<uint64_t>(kMinChunk, window / 4)) : block;
+  L.cache_bytes = block == 0 ? 0
+                  : bounded  ? std::min<uint64_t>(block, std::max<uint64_t>(kMinChunk, window / 4))
+                             : block;
   window -= std::min(window, L.cache_bytes);
   int64_t chunk = static_cast<int64_t>(std::min<uint64_t>(window / (2 * static_cast<uint64_t>(L.size)),
-                                                           std::min<uint64_t>(comm::chunk_limit(), 1ull << 30)));
+                                                          std::min<uint64_t>(comm::chunk_limit(), 1ull << 30)));
   chunk = std::max<int64_t>(kMinChunk, chunk & ~int64_t{15});
   int64_t smallest = -chunk;
   H5CKPT_RETURN_IF_ERROR(allreduce_max(&smallest, 1, "agreeing on the local-level load window", L.world));
@@ -292,10 +301,10 @@ Status layout_window(LocalLoad& L, std::unique_ptr<char[]>& own, MemoryBudget::L
     L.pool.reserve(need);
     if (L.pool.capacity() >= need) arena = L.pool.base();
     else
-      st = Status(ErrorCode::kInvalidArgument,
-                  "the local-level load needs " + std::to_string(need) + " bytes of staging (device items: " +
-                      std::to_string(staging) + "), more than memory_bytes = " + std::to_string(budget->limit()) +
-                      " holds: raise memory_bytes (H5CKPT_MEMORY_BYTES)");
+      st = Status(ErrorCode::kInvalidArgument, "the local-level load needs " + std::to_string(need) +
+                                                   " bytes of staging (device items: " + std::to_string(staging) +
+                                                   "), more than memory_bytes = " + std::to_string(budget->limit()) +
+                                                   " holds: raise memory_bytes (H5CKPT_MEMORY_BYTES)");
   } else if (need) {
     // The pool outlives this load (its pages are touched once, not on every load: a fresh buffer's
     // first-touch faults cost more than the reads here); a buffer of its own where it cannot grow.
@@ -358,7 +367,8 @@ Status serve_rounds(LocalLoad& L, storage::LocalFileReader& files) {
     const size_t kk = static_cast<size_t>(k);
     Status posted;
     for (int s = 0; s < L.size && posted.ok(); ++s)
-      if (s != L.me && kk < L.in_chunks[s].size()) posted = transport->post_recv(s, L.in_slot[s], L.in_chunks[s][kk], kServeTag);
+      if (s != L.me && kk < L.in_chunks[s].size())
+        posted = transport->post_recv(s, L.in_slot[s], L.in_chunks[s][kk], kServeTag);
     for (int q = 0; q < L.size; ++q) {
       if (kk >= L.out_chunks[q].size()) continue;
       Status read = fill_chunk(L.serve[q], out_at[q], L.out_slot[q], L.out_chunks[q][kk], files);
@@ -421,8 +431,7 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   // A file that failed a block check is moved aside; the caller resolves again and another copy
   // (or level) serves it.
   for (int w : files.corrupt())
-    if (Status q = storage::quarantine_local_file(res.dir, w); !q.ok())
-      logging::log().warn("{}", q.to_string());
+    if (Status q = storage::quarantine_local_file(res.dir, w); !q.ok()) logging::log().warn("{}", q.to_string());
   int intact = files.corrupt().empty() ? 1 : 0;
   L.report.read_s = now_s() - t_read;
   if (Status a = comm::agree(st, L.world, &intact); !a.ok()) {
@@ -434,10 +443,11 @@ Result<LoadReport> load_local(const Topology::Impl& topo, StateDict& state, cons
   if (Status a = comm::agree(copy_staged_to_device(L), L.world); !a.ok()) return fail(a);
   L.report.exchange_s = now_s() - t_x;
   L.report.total_s = now_s() - t0;
-  logging::log().info("loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s (requests "
-                      "{:.3f}s, reads and transfers {:.3f}s, unpacking {:.3f}s)",
-                      res.dir, L.report.bytes_read, L.report.bytes_received, L.report.total_s, L.report.plan_s,
-                      L.report.read_s, L.report.exchange_s);
+  logging::log().info(
+      "loaded from local checkpoint '{}': {} bytes read here, {} received, {:.3f}s (requests "
+      "{:.3f}s, reads and transfers {:.3f}s, unpacking {:.3f}s)",
+      res.dir, L.report.bytes_read, L.report.bytes_received, L.report.total_s, L.report.plan_s, L.report.read_s,
+      L.report.exchange_s);
   return L.report;
 }
 

@@ -164,7 +164,8 @@ Status read_manifest(Resolution& res, const wire::LevelChoice& c, const Topology
     ok = tensors.status();
     if (ok.ok()) res.tensors = std::move(tensors).value();
   }
-  if (ok.ok() && m->files.size() != res.server.size()) ok = Status(ErrorCode::kInternal, "manifest and choice disagree");
+  if (ok.ok() && m->files.size() != res.server.size())
+    ok = Status(ErrorCode::kInternal, "manifest and choice disagree");
   if (ok.ok()) res.manifest = std::move(m).value();
   return comm::agree(ok, topo.world.get()).with_context("reading the local manifest of '" + c.name + "'");
 }

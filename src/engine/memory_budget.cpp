@@ -36,10 +36,10 @@ bool MemoryBudget::try_reserve(uint64_t bytes) {
 
 Status MemoryBudget::reserve(uint64_t bytes, const char* what) {
   if (try_reserve(bytes)) return Status::Ok();
-  return Status(ErrorCode::kInvalidArgument,
-                std::string(what) + " needs " + std::to_string(bytes) + " bytes, but only " +
-                    std::to_string(available()) + " of memory_bytes = " + std::to_string(limit_) +
-                    " are left: raise memory_bytes (H5CKPT_MEMORY_BYTES)");
+  return Status(ErrorCode::kInvalidArgument, std::string(what) + " needs " + std::to_string(bytes) +
+                                                 " bytes, but only " + std::to_string(available()) +
+                                                 " of memory_bytes = " + std::to_string(limit_) +
+                                                 " are left: raise memory_bytes (H5CKPT_MEMORY_BYTES)");
 }
 
 void MemoryBudget::release(uint64_t bytes) {
@@ -54,9 +54,9 @@ Result<MemoryBudget::Lease> MemoryBudget::lease(uint64_t bytes, const char* what
 
 Status check_memory_bytes(uint64_t memory_bytes) {
   if (memory_bytes == 0 || memory_bytes >= kMinMemoryBytes) return Status::Ok();
-  return Status(ErrorCode::kInvalidArgument,
-                "memory_bytes = " + std::to_string(memory_bytes) + " is too small to make progress: the least is " +
-                    std::to_string(kMinMemoryBytes) + " bytes (0: no bound)");
+  return Status(ErrorCode::kInvalidArgument, "memory_bytes = " + std::to_string(memory_bytes) +
+                                                 " is too small to make progress: the least is " +
+                                                 std::to_string(kMinMemoryBytes) + " bytes (0: no bound)");
 }
 
 }  // namespace h5ckpt::engine

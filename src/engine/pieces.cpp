@@ -38,8 +38,7 @@ StateItem piece_item(const StateItem& item, size_t p) {
 }  // namespace
 
 Status check_pieces(const StateItem& item) {
-  if (item.pieces.empty())
-    return Status(ErrorCode::kInvalidArgument, "add_pieces was given an empty list of pieces");
+  if (item.pieces.empty()) return Status(ErrorCode::kInvalidArgument, "add_pieces was given an empty list of pieces");
   const uint64_t es = dtype_size(item.dtype);
   std::vector<std::pair<uint64_t, uint64_t>> spans;  // buffer [begin, end) of each non-empty piece
   std::vector<size_t> span_piece;

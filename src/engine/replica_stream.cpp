@@ -124,7 +124,8 @@ void ReplicaStream::progress() {
       if (!*done) break;
       s.posted = false;
       x.hash->update(s.buf.data(), s.buf.size());
-      if (st_.ok() && x.fd >= 0) keep(storage::write_all(x.fd, s.buf.data(), s.buf.size(), x.next_write * kReplicaChunk, x.path));
+      if (st_.ok() && x.fd >= 0)
+        keep(storage::write_all(x.fd, s.buf.data(), s.buf.size(), x.next_write * kReplicaChunk, x.path));
       repost(x, static_cast<int>(x.next_write++ % 2));
     }
   }

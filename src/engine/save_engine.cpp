@@ -211,7 +211,8 @@ Result<SaveJob> save_prepare(const Topology::Impl& topo, const StateDict& state,
   const uint64_t signature = local.ok() ? structure_signature(state) : 0;
   int cached = local.ok() && cache.tensors && cache.local_signature == signature ? 1 : 0;
   job.report.plan_s = now_s() - job.t0;  // planning is the checks and any re-plan, not the directory
-  if (coordinator && local.ok() && shared_dir) local = make_parent_dirs(job.path);  // before the lock, which lives there
+  if (coordinator && local.ok() && shared_dir)
+    local = make_parent_dirs(job.path);  // before the lock, which lives there
   if (coordinator && local.ok() && shared_dir) {
     local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
     locked = local.ok();
@@ -243,7 +244,7 @@ Status prepare_shared_dir(const Topology::Impl& topo, SaveJob& job) {
   Status local;
   bool locked = false;
   if (coordinator) {
-    local = make_parent_dirs(job.path);  // before the lock, which lives there
+    local = make_parent_dirs(job.path);                            // before the lock, which lives there
     if (local.ok()) local = storage::acquire_save_lock(job.path);  // [save-lock] held until save_commit ends
     locked = local.ok();
     if (local.ok()) {
@@ -582,8 +583,8 @@ struct SaveWrite {
     WindowSlots& buffers = shared.owns_lock() ? shared_slots() : own;
     char* slots = buffers.get(2 * window);
     if (!slots && local.ok()) local = Status(ErrorCode::kIo, "could not allocate the aggregated write windows");
-    auto written = aggregated_write(
-        world, std::move(pieces), window, slots, [&](const char* p, uint64_t len, uint64_t off) {
+    auto written =
+        aggregated_write(world, std::move(pieces), window, slots, [&](const char* p, uint64_t len, uint64_t off) {
           return direct ? direct->write_bytes(p, len, off) : Status(ErrorCode::kIo, "data file not open");
         });
     if (written.ok()) job.report.bytes_aggregated = written->bytes_written;

@@ -78,7 +78,7 @@ struct PieceGeometry {
   uint64_t identity = 0;     // seeds the block checksums: key, source dtype and shape, the box
   uint64_t block_bytes = 0;  // whole rows, about storage::kVerifyBlockTarget
   uint64_t blocks = 0;
-  uint64_t row = 0;          // bytes of one row of the box
+  uint64_t row = 0;  // bytes of one row of the box
 };
 
 PieceGeometry geometry_of(const std::string& key, const TransferPiece& p) {
@@ -121,10 +121,11 @@ void scatter_rows(StateItem& dst, DType src_dtype, const Box& box, int64_t r0, i
   const Box sub = sub_rows(box, r0, r1);
   const uint64_t ses = dtype_size(src_dtype), des = dtype_size(dst.dtype);
   char* base = static_cast<char*>(dst.data);
-  planner::for_each_run(sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard), [&](int64_t si, int64_t di, int64_t n) {
-    if (src_dtype == dst.dtype) std::memcpy(base + di * des, in + si * ses, n * des);  // any dtype
-    else detail::convert_elements(in + si * ses, src_dtype, base + di * des, dst.dtype, static_cast<size_t>(n));
-  });
+  planner::for_each_run(
+      sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard), [&](int64_t si, int64_t di, int64_t n) {
+        if (src_dtype == dst.dtype) std::memcpy(base + di * des, in + si * ses, n * des);  // any dtype
+        else detail::convert_elements(in + si * ses, src_dtype, base + di * des, dst.dtype, static_cast<size_t>(n));
+      });
 }
 
 // The piece's start in the source buffer when its whole stream is one contiguous run there.
@@ -143,9 +144,10 @@ char* contiguous_in(StateItem& dst, const TransferPiece& p) {
   if (p.src_dtype != dst.dtype) return nullptr;
   int runs = 0;
   int64_t first = 0;
-  planner::for_each_run(p.box, planner::Frame{p.box, 0}, planner::frame_of(dst.shard), [&](int64_t, int64_t di, int64_t) {
-    if (runs++ == 0) first = di;
-  });
+  planner::for_each_run(p.box, planner::Frame{p.box, 0}, planner::frame_of(dst.shard),
+                        [&](int64_t, int64_t di, int64_t) {
+                          if (runs++ == 0) first = di;
+                        });
   return runs == 1 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
 }
 
@@ -272,9 +274,13 @@ Status check_side(const StateDict* state, const engine::ExpandedState* expanded,
 }
 
 uint64_t local_signature(const StateDict* src, const StateDict* dst, const TransferOptions& o) {
-  uint64_t v[7] = {src ? engine::structure_signature(*src) : 0, dst ? engine::structure_signature(*dst) : 0,
+  uint64_t v[7] = {src ? engine::structure_signature(*src) : 0,
+                   dst ? engine::structure_signature(*dst) : 0,
                    static_cast<uint64_t>(src != nullptr) | static_cast<uint64_t>(dst != nullptr) << 1,
-                   static_cast<uint64_t>(o.strict) | static_cast<uint64_t>(o.convert_dtype) << 1, o.memory_bytes, 0, 0};
+                   static_cast<uint64_t>(o.strict) | static_cast<uint64_t>(o.convert_dtype) << 1,
+                   o.memory_bytes,
+                   0,
+                   0};
   if (dst) {
     std::string pads;
     for (const auto& it : dst->items()) pads.push_back(it.allow_shape_mismatch ? '1' : '0');
@@ -382,7 +388,9 @@ struct StateTransfer::Impl::Call {
 
   const StateItem& src_item(const TransferPiece& p) const { return src->items()[p.src_item]; }
   StateItem& dst_item(const TransferPiece& p) const { return dst->items()[p.dst_item]; }
-  const std::string& key_of(const TransferPiece& p) const { return p.src_rank == me ? src_item(p).key : dst_item(p).key; }
+  const std::string& key_of(const TransferPiece& p) const {
+    return p.src_rank == me ? src_item(p).key : dst_item(p).key;
+  }
   MPI_Comm w() const { return impl.w(); }
 
   // Both sides checked, then the cached plan reused or a new one made (one agreement).
@@ -416,10 +424,11 @@ struct StateTransfer::Impl::Call {
     int64_t v[2] = {impl.have_version ? impl.version : LLONG_MIN, impl.have_version ? -impl.version : LLONG_MIN};
     int64_t all[2];
     MPI_Request req;
-    H5CKPT_RETURN_IF_ERROR(comm::mpi_status(MPI_Iallreduce(v, all, 2, MPI_INT64_T, MPI_MIN, w(), &req), "MPI_Iallreduce"));
+    H5CKPT_RETURN_IF_ERROR(
+        comm::mpi_status(MPI_Iallreduce(v, all, 2, MPI_INT64_T, MPI_MIN, w(), &req), "MPI_Iallreduce"));
     H5CKPT_RETURN_IF_ERROR(comm::wait_asleep(1, &req, 100, "transfer version agreement", w()));
-    report.delta = options.delta && all[0] != LLONG_MIN && all[1] != LLONG_MIN && all[0] == -all[1] &&
-                   impl.sums.size() == np;
+    report.delta =
+        options.delta && all[0] != LLONG_MIN && all[1] != LLONG_MIN && all[0] == -all[1] && impl.sums.size() == np;
     return Status::Ok();
   }
 
@@ -486,10 +495,9 @@ struct StateTransfer::Impl::Call {
         if (b.offset[0] + b.shape[0] <= rows) continue;
         const int64_t r0 = std::max<int64_t>(0, rows - b.offset[0]);
         const Box tail = sub_rows(b, r0, b.shape[0]);
-        planner::for_each_run(tail, planner::Frame{tail, 0}, planner::frame_of(it.shard),
-                              [&](int64_t, int64_t di, int64_t n) {
-                                std::memset(static_cast<char*>(it.data) + di * es, 0, n * es);
-                              });
+        planner::for_each_run(
+            tail, planner::Frame{tail, 0}, planner::frame_of(it.shard),
+            [&](int64_t, int64_t di, int64_t n) { std::memset(static_cast<char*>(it.data) + di * es, 0, n * es); });
       }
     }
   }
@@ -505,17 +513,23 @@ struct StateTransfer::Impl::Call {
     }
     impl.version = options.version;
     report.total_s = now_s() - t0;
-    logging::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}",
-                         options.version, report.bytes_sent, report.bytes_received, report.bytes_total,
-                         report.blocks_received, report.blocks_total, report.delta ? " (delta)" : "");
+    logging::log().debug("transfer version {}: sent {} bytes, received {} of {} ({} of {} blocks){}", options.version,
+                         report.bytes_sent, report.bytes_received, report.bytes_total, report.blocks_received,
+                         report.blocks_total, report.delta ? " (delta)" : "");
     return std::move(report);
   }
 };
 
 // One round of the exchange: where each piece's bytes are staged, sent from and received into.
 struct StateTransfer::Impl::Round {
-  Round(Call& c, int r) : call(c), round(r), stage_at(c.np, 0), pack_at(c.np, UINT64_MAX), send_from(c.np, nullptr),
-                          direct(c.np, nullptr), mpi(comm::make_mpi_transport(c.w())) {}
+  Round(Call& c, int r)
+      : call(c),
+        round(r),
+        stage_at(c.np, 0),
+        pack_at(c.np, UINT64_MAX),
+        send_from(c.np, nullptr),
+        direct(c.np, nullptr),
+        mpi(comm::make_mpi_transport(c.w())) {}
 
   Call& call;
   const int round;
@@ -540,7 +554,8 @@ struct StateTransfer::Impl::Round {
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || call.runs[k].empty()) continue;
-      if (p.dst_rank == me && (!call.options.verify || call.options.in_place)) direct[k] = contiguous_in(call.dst_item(p), p);
+      if (p.dst_rank == me && (!call.options.verify || call.options.in_place))
+        direct[k] = contiguous_in(call.dst_item(p), p);
       if (p.dst_rank == me && !direct[k]) {
         stage_at[k] = stage_bytes;
         for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;

@@ -75,7 +75,8 @@ inline Status post(bool send, char* base, const Blocks& blocks, int peer, int ta
     count = 1;
   }
   MPI_Request r = MPI_REQUEST_NULL;
-  const int rc = send ? MPI_Isend(buf, count, type, peer, tag, comm, &r) : MPI_Irecv(buf, count, type, peer, tag, comm, &r);
+  const int rc =
+      send ? MPI_Isend(buf, count, type, peer, tag, comm, &r) : MPI_Irecv(buf, count, type, peer, tag, comm, &r);
   if (type != MPI_BYTE) MPI_Type_free(&type);
   H5CKPT_RETURN_IF_ERROR(comm::mpi_status(rc, send ? "MPI_Isend" : "MPI_Irecv"));
   reqs.push_back(r);

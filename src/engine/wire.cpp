@@ -12,7 +12,7 @@ constexpr size_t kMinItemBytes = 8 + 1 + 8 + 8 + 8 + 1 + 1;
 constexpr size_t kMinTensorBytes = 8 + 1 + 8 + 8;
 constexpr size_t kMinRegionBytes = 8 + 8 + 1 + 4;
 constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
-constexpr size_t kMinRequestBytes = 1 + 8 + 8;  // flags, signature length, bytes
+constexpr size_t kMinRequestBytes = 1 + 8 + 8;    // flags, signature length, bytes
 constexpr size_t kChecksumBytes = 4 + 4 + 8 + 8;  // without its blocks
 
 DType get_dtype(ByteReader& r, bool* bad) {

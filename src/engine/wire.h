@@ -46,7 +46,7 @@ Result<std::vector<planner::ItemRole>> decode_roles(const std::string& bytes);
 struct RegionChecksum {
   int32_t tensor = -1;
   int32_t region = -1;
-  uint64_t block_bytes = 0;     ///< 0: saved without checksums
+  uint64_t block_bytes = 0;      ///< 0: saved without checksums
   std::vector<uint64_t> blocks;  ///< xxh3 of each block (storage/verify_blocks.h)
 };
 std::string encode_checksums(const std::vector<RegionChecksum>& sums);

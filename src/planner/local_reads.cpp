@@ -38,7 +38,8 @@ std::vector<LocalReadItem> plan_local_reads(const std::vector<TensorPlan>& tenso
     const PlannedRegion& r = tp.regions[g];
     const Frame src = frame_of(r.shard);
     const int writer = r.writer;
-    const int srv = writer >= 0 && static_cast<size_t>(writer) < server.size() ? server[static_cast<size_t>(writer)] : -1;
+    const int srv =
+        writer >= 0 && static_cast<size_t>(writer) < server.size() ? server[static_cast<size_t>(writer)] : -1;
     const uint64_t base = offsets.at(t).at(g);
     for (const Box& wb : wanted)
       for (const Box& rb : shard_boxes(r.shard))

@@ -26,7 +26,8 @@ Status validate_key(const std::string& key) {
   for (char c : key) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                     c == '.' || c == '-' || c == '/';
-    if (!ok) return bad("character '" + printable(std::string_view(&c, 1)) + "' not allowed (letters, digits, _ . - /)");
+    if (!ok)
+      return bad("character '" + printable(std::string_view(&c, 1)) + "' not allowed (letters, digits, _ . - /)");
   }
   if (key.front() == '/' || key.back() == '/' || key.find("//") != std::string::npos)
     return bad("empty path component");
@@ -91,7 +92,7 @@ using RegionPool = BulkVector<UniqueRegion>;
 struct TensorAcc {
   const ItemDesc* first;  // key, dtype and global shape as first declared
   int first_rank;
-  int last_rank = -1;  // the last rank declaring it: another declaration there is a duplicate
+  int last_rank = -1;             // the last rank declaring it: another declaration there is a duplicate
   std::vector<uint32_t> regions;  // pool ids, in order of first appearance
   std::vector<uint32_t> slots;    // indices into regions; kEmptySlot: free
 
@@ -113,8 +114,7 @@ struct TensorAcc {
         return regions.back();
       }
       const UniqueRegion& known = pool[regions[k]];
-      if (known.box_hash == bh && known.begin == begin && known.end == end && *known.shard == shard)
-        return regions[k];
+      if (known.box_hash == bh && known.begin == begin && known.end == end && *known.shard == shard) return regions[k];
     }
   }
 
@@ -337,14 +337,16 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
   for (uint32_t a : by_key) {
     const TensorAcc& acc = accs[a];
     const TensorRegions regions{pool, acc.regions};
-    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(acc.first->key, acc.first->global_shape, regions,
-                                                       [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; }));
+    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(acc.first->key, acc.first->global_shape, regions, [&](size_t k) {
+      return holders[holders_begin[acc.regions[k]]];
+    }));
     const int64_t es = static_cast<int64_t>(dtype_size(acc.first->dtype));  // numel * es checked in the scan
     TensorPlan tp{acc.first->key, acc.first->dtype, acc.first->global_shape, {}};
     tp.regions.reserve(regions.size());
     for (size_t k = 0; k < regions.size(); ++k) {
       const UniqueRegion& reg = regions[k];
-      jobs.push_back(Job{(reg.end - reg.begin) * es, static_cast<uint32_t>(plan.tensors.size()), static_cast<uint32_t>(k)});
+      jobs.push_back(
+          Job{(reg.end - reg.begin) * es, static_cast<uint32_t>(plan.tensors.size()), static_cast<uint32_t>(k)});
       // The shard's owner is one of the consumed items: casting the constness away is sound.
       if (consumed) tp.regions.push_back(PlannedRegion{std::move(*const_cast<ShardSpec*>(reg.shard)), -1});
       else tp.regions.push_back(PlannedRegion{*reg.shard, -1});

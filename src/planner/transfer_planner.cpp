@@ -99,9 +99,9 @@ Result<TransferPlan> plan_transfer(const std::vector<std::vector<ItemDesc>>& sou
       const UniqueShard& a = k.shards[k.box_shard[overlap->first]];
       const UniqueShard& b = k.shards[k.box_shard[overlap->second]];
       return Status(ErrorCode::kInvalidArgument,
-                    "key '" + key + "': source shards overlap without being identical: " +
-                        to_string_spec(a.shard) + " on source rank " + rank_str(a.holders[0].rank) + " and " +
-                        to_string_spec(b.shard) + " on source rank " + rank_str(b.holders[0].rank));
+                    "key '" + key + "': source shards overlap without being identical: " + to_string_spec(a.shard) +
+                        " on source rank " + rank_str(a.holders[0].rank) + " and " + to_string_spec(b.shard) +
+                        " on source rank " + rank_str(b.holders[0].rank));
     }
     k.index = RegionIndex(k.shape, k.boxes.size(), [&](size_t j) { return ShardSpec{k.boxes[j], std::nullopt}; });
   }
@@ -118,9 +118,9 @@ Result<TransferPlan> plan_transfer(const std::vector<std::vector<ItemDesc>>& sou
   plan.skipped.resize(world);
   plan.source_rows.resize(world);
   for (size_t r = 0; r < dests.size(); ++r) plan.source_rows[r].assign(dests[r].size(), -1);
-  const uint64_t max_piece =
-      options.round_bytes ? std::min(options.max_piece_bytes, std::max<uint64_t>(1, options.round_bytes / 2))
-                          : options.max_piece_bytes;
+  const uint64_t max_piece = options.round_bytes
+                                 ? std::min(options.max_piece_bytes, std::max<uint64_t>(1, options.round_bytes / 2))
+                                 : options.max_piece_bytes;
   std::vector<size_t> found;
   for (size_t r = 0; r < dests.size(); ++r) {
     for (size_t i = 0; i < dests[r].size(); ++i) {
@@ -137,7 +137,8 @@ Result<TransferPlan> plan_transfer(const std::vector<std::vector<ItemDesc>>& sou
       }
       const SourceKey& k = kit->second;
       plan.source_rows[r][i] = k.shape.empty() ? 1 : k.shape[0];
-      if (k.dtype != w.desc.dtype && !(options.convert_dtype && dtype_is_float(k.dtype) && dtype_is_float(w.desc.dtype)))
+      if (k.dtype != w.desc.dtype &&
+          !(options.convert_dtype && dtype_is_float(k.dtype) && dtype_is_float(w.desc.dtype)))
         return Status(ErrorCode::kDtypeMismatch, where + ": the sources hold " + dtype_name(k.dtype) +
                                                      ", the destination wants " + dtype_name(w.desc.dtype));
       if (k.shape != w.desc.global_shape) {

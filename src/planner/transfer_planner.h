@@ -45,13 +45,13 @@ struct TransferPiece {
 };
 
 struct TransferPlan {
-  std::vector<TransferPiece> pieces;         ///< in message order (by destination rank, item, box)
-  std::vector<std::vector<int>> skipped;     ///< per destination rank: items no source holds (non-strict)
+  std::vector<TransferPiece> pieces;      ///< in message order (by destination rank, item, box)
+  std::vector<std::vector<int>> skipped;  ///< per destination rank: items no source holds (non-strict)
   /// Per destination rank and item: dimension 0 of the sources' shape (1 for a scalar, -1 when
   /// skipped), so a padded destination zeroes the rows the sources lack.
   std::vector<std::vector<int64_t>> source_rows;
   int rounds = 1;
-  std::vector<uint64_t> sent_by_rank;        ///< bytes each rank sends
+  std::vector<uint64_t> sent_by_rank;  ///< bytes each rank sends
 };
 
 /// Plans a transfer. `sources[r]` / `dests[r]`: rank r's source and destination items (either

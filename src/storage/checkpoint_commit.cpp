@@ -52,8 +52,8 @@ Status check_tables_read_back(const std::string& data_file, const v2::Encoded& i
   H5CKPT_ASSIGN_OR_RETURN(RegionReader reader, RegionReader::open(data_file));
   H5CKPT_ASSIGN_OR_RETURN(std::vector<char> image, v2::read_image(parsed, reader));
   if (image != index.image())
-    return Status(ErrorCode::kInternal, "the index tables in '" + data_file +
-                                            "' do not read back at the offsets HDF5 reported for them");
+    return Status(ErrorCode::kInternal,
+                  "the index tables in '" + data_file + "' do not read back at the offsets HDF5 reported for them");
   return Status::Ok();
 }
 

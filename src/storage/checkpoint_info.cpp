@@ -56,7 +56,8 @@ Status verify_checkpoint(const CheckpointInfo& info, int part, int nparts) {
     for (size_t r = 0; r < t.regions.size(); ++r, ++index) {
       const SavedRegion& reg = t.regions[r];
       // Regions saved without checksums are skipped; a block size without its blocks is not.
-      if (index % nparts != part || (reg.checksum == 0 && reg.block_bytes == 0 && reg.block_checksums.empty())) continue;
+      if (index % nparts != part || (reg.checksum == 0 && reg.block_bytes == 0 && reg.block_checksums.empty()))
+        continue;
       buf.resize(static_cast<size_t>(reg.shard.numel()) * dtype_size(t.dtype));
       // The read checks the region's verification blocks (format v1: its whole-region sum).
       H5CKPT_RETURN_IF_ERROR(reader.read_region(t, r, buf.data()));

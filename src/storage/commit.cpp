@@ -357,9 +357,10 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
     // which file the name holds now; wait until the cache agrees (or the timeout passes).
     if (!revalidate || listed_inode(root, kLatestFileName) == fsb.st_ino) break;
     if (waited_ms >= kLatestRevalidateMs) {
-      logging::log().warn("'{}': the client's cached 'latest' still differs from the server's listing after {} ms; "
-                          "using what it reads",
-                          path, waited_ms);
+      logging::log().warn(
+          "'{}': the client's cached 'latest' still differs from the server's listing after {} ms; "
+          "using what it reads",
+          path, waited_ms);
       break;
     }
     ::usleep(kLatestRevalidateStepMs * 1000);
@@ -400,8 +401,7 @@ Status validate_checkpoint_dir(const std::string& dir) {
   // not taken for a save that never committed.
   for (const auto& [file, err] : {std::pair{kMetadataFileName, meta_errno}, std::pair{kDataFileName, data_errno}})
     if (err != 0 && err != ENOENT)
-      return Status(ErrorCode::kIo,
-                    "cannot examine '" + (fs::path(dir) / file).string() + "': " + std::strerror(err));
+      return Status(ErrorCode::kIo, "cannot examine '" + (fs::path(dir) / file).string() + "': " + std::strerror(err));
   // A committed name with the marker but not its files: damaged, or its files' server is down.
   const bool marked = !is_temp_name(dir) && has_checkpoint_marker(dir);
   const std::string unreachable = " (deleted, or on a storage server that is down)";
@@ -456,7 +456,8 @@ namespace {
 // The names of directories under `root` that look like checkpoints (a metadata or data file in a
 // real directory with a committed name) but whose metadata gives no step: committed_checkpoints
 // leaves them out, and selection must still report them rather than call the directory empty.
-std::vector<std::string> unlisted_checkpoint_dirs(const std::string& root, const std::vector<CommittedCheckpoint>& listed) {
+std::vector<std::string> unlisted_checkpoint_dirs(const std::string& root,
+                                                  const std::vector<CommittedCheckpoint>& listed) {
   std::vector<std::string> out;
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
@@ -473,7 +474,8 @@ std::vector<std::string> unlisted_checkpoint_dirs(const std::string& root, const
     };
     const bool looks = present_or_unreadable(kMetadataFileName) || present_or_unreadable(kDataFileName) ||
                        has_checkpoint_marker(it->path().string());
-    if (looks && std::none_of(listed.begin(), listed.end(), [&](const CommittedCheckpoint& c) { return c.name == name; }))
+    if (looks &&
+        std::none_of(listed.begin(), listed.end(), [&](const CommittedCheckpoint& c) { return c.name == name; }))
       out.push_back(name);
   }
   std::sort(out.begin(), out.end());

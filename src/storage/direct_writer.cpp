@@ -63,9 +63,8 @@ Status check_free_space(const std::string& dir, uint64_t bytes) {
   const uint64_t available = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
   if (available >= bytes) return Status::Ok();
   return Status(ErrorCode::kIo, "not enough space in '" + dir + "' for its " + kDataFileName +
-                                    ": the checkpoint needs " + std::to_string(bytes) +
-                                    " bytes, " + std::to_string(available) + " are available (" +
-                                    std::strerror(ENOSPC) + ")");
+                                    ": the checkpoint needs " + std::to_string(bytes) + " bytes, " +
+                                    std::to_string(available) + " are available (" + std::strerror(ENOSPC) + ")");
 }
 
 Result<DirectWriter> DirectWriter::open(const std::string& data_file, bool direct_io) {
@@ -157,7 +156,8 @@ void for_each_file_run(int64_t dataset_offset, const Shape& shape, DType dtype, 
   const planner::Frame buf = planner::frame_of(shard);
   for (const Box& b : planner::shard_boxes(shard))
     planner::for_each_run(b, buf, file, [&](int64_t bi, int64_t fi, int64_t n) {
-      fn(static_cast<uint64_t>(bi * es), static_cast<uint64_t>(dataset_offset + fi * es), static_cast<uint64_t>(n * es));
+      fn(static_cast<uint64_t>(bi * es), static_cast<uint64_t>(dataset_offset + fi * es),
+         static_cast<uint64_t>(n * es));
     });
 }
 

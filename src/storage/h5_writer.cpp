@@ -162,7 +162,7 @@ Hid table_type(v2::Table table) {
 }  // namespace
 
 Result<std::array<int64_t, v2::kTableCount>> write_meta_group(const std::string& file, const v2::Encoded& index,
-                                                             const std::string& library_version) {
+                                                              const std::string& library_version) {
   hdf5_quiet();
   std::array<int64_t, v2::kTableCount> offsets;
   offsets.fill(-1);

@@ -47,6 +47,6 @@ class ParallelWriter {
 /// bytes start in the file (-1 for an empty table), known once the file is closed again.
 /// Called by the coordinator only, after all ranks closed the file.
 Result<std::array<int64_t, v2::kTableCount>> write_meta_group(const std::string& file, const v2::Encoded& index,
-                                                             const std::string& library_version);
+                                                              const std::string& library_version);
 
 }  // namespace h5ckpt::storage

@@ -58,7 +58,10 @@ struct LocalFileHasher::State {
   XXH3_state_t* xxh = XXH3_createState();
   uint64_t in_block = 0;
   std::vector<uint64_t> sums;
-  void start() { XXH3_64bits_reset_withSeed(xxh, block_seed(identity, sums.size())); in_block = 0; }
+  void start() {
+    XXH3_64bits_reset_withSeed(xxh, block_seed(identity, sums.size()));
+    in_block = 0;
+  }
 };
 
 LocalFileHasher::LocalFileHasher(const std::string& name, int rank, uint64_t bytes)
@@ -149,9 +152,9 @@ Status LocalFileReader::check_block(int writer, File& f, uint64_t block) {
   if (sum != rf.blocks[block]) {
     if (std::find(corrupt_.begin(), corrupt_.end(), writer) == corrupt_.end()) corrupt_.push_back(writer);
     cached_writer_ = -1;
-    return Status(ErrorCode::kCorrupt, "'" + f.path + "' (saved rank " + std::to_string(writer) + ") fails the check of block " +
-                                           std::to_string(block) + " (bytes " + std::to_string(start) + ".." +
-                                           std::to_string(start + len) + ")");
+    return Status(ErrorCode::kCorrupt, "'" + f.path + "' (saved rank " + std::to_string(writer) +
+                                           ") fails the check of block " + std::to_string(block) + " (bytes " +
+                                           std::to_string(start) + ".." + std::to_string(start + len) + ")");
   }
   f.checked[block] = true;
   return Status::Ok();

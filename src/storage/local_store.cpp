@@ -235,8 +235,9 @@ Result<uint64_t> file_xxh3(const std::string& path, uint64_t bytes) {
 
 void retain_local(const std::string& dir, int64_t keep, const std::string& keep_name) {
   std::vector<LocalEntry> all = list_local_checkpoints(dir, "");
-  std::sort(all.begin(), all.end(),
-            [](const LocalEntry& a, const LocalEntry& b) { return a.step != b.step ? a.step > b.step : a.name > b.name; });
+  std::sort(all.begin(), all.end(), [](const LocalEntry& a, const LocalEntry& b) {
+    return a.step != b.step ? a.step > b.step : a.name > b.name;
+  });
   int64_t kept = 0;
   for (const auto& e : all) {
     if (e.name == keep_name || kept < keep) {
@@ -245,8 +246,7 @@ void retain_local(const std::string& dir, int64_t keep, const std::string& keep_
     }
     if (Status st = remove_tree(e.dir); !st.ok())
       logging::log().warn("local retention: could not delete '{}': {}", e.dir, st.to_string());
-    else
-      logging::log().info("local retention: deleted '{}' (step {})", e.dir, e.step);
+    else logging::log().info("local retention: deleted '{}' (step {})", e.dir, e.step);
   }
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {

@@ -64,8 +64,8 @@ struct LocalEntry {
   std::string dir;
   uint64_t manifest_id = 0;  ///< xxh3 of the manifest file: tells re-saves under one name apart
   int64_t step = -1;
-  std::vector<int> ranks;  ///< saved ranks whose file is here with the recorded size
-  uint64_t world = 0;      ///< ranks that saved it
+  std::vector<int> ranks;         ///< saved ranks whose file is here with the recorded size
+  uint64_t world = 0;             ///< ranks that saved it
   std::vector<int> node_of_rank;  ///< the node that saved each rank (for messages)
 };
 

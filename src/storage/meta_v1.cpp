@@ -151,7 +151,8 @@ Result<CheckpointInfo> metadata_from_json(const std::string& text, uint64_t data
   } else if (auto ts = j.find("tensors"); ts != j.end() && ts->is_array()) {
     for (const auto& jt : *ts)
       if (auto rs = jt.find("regions"); jt.is_object() && rs != jt.end() && rs->is_array())
-        for (const auto& jr : *rs) need_sums = need_sums || (jr.is_object() && (jr.contains("xxh3") || jr.contains("blocks")));
+        for (const auto& jr : *rs)
+          need_sums = need_sums || (jr.is_object() && (jr.contains("xxh3") || jr.contains("blocks")));
   }
 
   const auto tensors = j.find("tensors");

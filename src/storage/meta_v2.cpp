@@ -27,14 +27,13 @@ constexpr const char* kTableNames[kTableCount] = {"tensors", "regions", "extents
                                                   "coords",  "names",   "attributes", "saved_coords"};
 // Bytes per record, in table order: blocks and coords are 8-byte integers, names single bytes.
 constexpr uint64_t kRecordBytes[kTableCount] = {
-    sizeof(TensorRecord), sizeof(RegionRecord), sizeof(ExtentRecord),    8, 8, 1,
+    sizeof(TensorRecord),    sizeof(RegionRecord),     sizeof(ExtentRecord), 8, 8, 1,
     sizeof(AttributeRecord), sizeof(SavedCoordsRecord)};
 
 // Dtype codes of the format (docs/format.md §4.3); 0 is never a dtype.
 constexpr std::pair<DType, uint8_t> kDtypeCodes[] = {
-    {DType::kF32, 1},   {DType::kF64, 2},     {DType::kF16, 3}, {DType::kBF16, 4}, {DType::kF8E4M3, 5},
-    {DType::kF8E5M2, 6}, {DType::kI8, 7},     {DType::kI16, 8}, {DType::kI32, 9},  {DType::kI64, 10},
-    {DType::kU8, 11},   {DType::kBool, 12},
+    {DType::kF32, 1}, {DType::kF64, 2}, {DType::kF16, 3}, {DType::kBF16, 4}, {DType::kF8E4M3, 5}, {DType::kF8E5M2, 6},
+    {DType::kI8, 7},  {DType::kI16, 8}, {DType::kI32, 9}, {DType::kI64, 10}, {DType::kU8, 11},    {DType::kBool, 12},
 };
 
 // Largest index image a summary may describe: far beyond any real index, far below overflow.
@@ -130,11 +129,13 @@ Result<Summary> parse_summary(const std::string& text) {
   if (auto v = j.find("format_version");
       v != j.end() && v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kFormatVersion))
     return newer_than_library(v->get<uint64_t>());
-  if (!json_member_int(j, "format_version", &s.format_version)) return corrupt("missing or out-of-range format_version");
+  if (!json_member_int(j, "format_version", &s.format_version))
+    return corrupt("missing or out-of-range format_version");
   if (s.format_version != kFormatVersion)
     return corrupt("format_version " + std::to_string(s.format_version) + " is not a format-v2 summary");
   if (auto lv = j.find("library_version"); lv != j.end() && lv->is_string()) s.library_version = lv->get<std::string>();
-  if (auto st = j.find("step"); st != j.end() && !json_int(*st, &s.step)) return corrupt("step is not a 64-bit integer");
+  if (auto st = j.find("step"); st != j.end() && !json_int(*st, &s.step))
+    return corrupt("step is not a 64-bit integer");
   if (auto df = j.find("data_file"); df == j.end() || !df->is_string() || *df != kDataFileName)
     return corrupt("data_file must be '" + std::string(kDataFileName) + "'");
   const auto topo = j.find("topology");
@@ -161,7 +162,8 @@ Result<Summary> parse_summary(const std::string& text) {
     auto bad = [&](const std::string& why) { return corrupt(quoted_table(t) + ": " + why); };
     TableRef& ref = s.tables[i];
     uint64_t rec_bytes = 0;
-    if (auto ds = e->find("dataset"); ds == e->end() || !ds->is_string() || *ds != std::string("/meta/") + table_name(t))
+    if (auto ds = e->find("dataset");
+        ds == e->end() || !ds->is_string() || *ds != std::string("/meta/") + table_name(t))
       return bad("dataset must be '/meta/" + std::string(table_name(t)) + "'");
     if (!json_member_int(*e, "offset", &ref.offset) || !json_member_int(*e, "bytes", &ref.bytes) ||
         !json_member_int(*e, "records", &ref.records) || !json_member_int(*e, "record_bytes", &rec_bytes))
@@ -331,8 +333,8 @@ Result<Encoded> encode(const CheckpointInfo& info) {
     return invalid("a key is configured (auth_key_file): every region must have checksums (save.checksums)");
   for (size_t i = 0; i < kTableCount; ++i) {
     out.records[i] = out.tables[i].size() / kRecordBytes[i];
-    s.tables[i] = TableRef{-1, out.tables[i].size(), out.records[i],
-                           table_digest(i, out.tables[i].data(), out.tables[i].size())};
+    s.tables[i] =
+        TableRef{-1, out.tables[i].size(), out.records[i], table_digest(i, out.tables[i].data(), out.tables[i].size())};
   }
   return out;
 }
@@ -422,8 +424,8 @@ Status Index::check_structure() const {
       if (coord(rec.shape_index + d) < 0 || !checked_mul(numel, coord(rec.shape_index + d), &numel))
         return corrupt(where + "shape " + to_string_shape(shape(t)) + " invalid");
     if (rec.first_region != next_region || !fits(rec.first_region, rec.region_count, n_regions))
-      return corrupt(where + "regions [" + std::to_string(rec.first_region) + ", +" +
-                     std::to_string(rec.region_count) + ") do not follow the previous tensor's in the regions table");
+      return corrupt(where + "regions [" + std::to_string(rec.first_region) + ", +" + std::to_string(rec.region_count) +
+                     ") do not follow the previous tensor's in the regions table");
     if (rec.first_block != next_block)
       return corrupt(where + "first block " + std::to_string(rec.first_block) + ", expected " +
                      std::to_string(next_block) + " (block counts inconsistent)");
@@ -450,7 +452,8 @@ Status Index::check_structure() const {
       // A block size beyond what any save chooses would make element counts negative where they
       // are signed; the block count below is then exactly ceil(region bytes / block bytes).
       uint64_t slab = dtype_size(*dtype);
-      for (uint32_t d = 1; d < rec.ndim && !x.flat; ++d) slab *= static_cast<uint64_t>(coord(x.box_index + rec.ndim + d));
+      for (uint32_t d = 1; d < rec.ndim && !x.flat; ++d)
+        slab *= static_cast<uint64_t>(coord(x.box_index + rec.ndim + d));
       if (x.block_bytes > max_block_bytes(std::max<uint64_t>(slab, 1)))
         return corrupt(where + "region " + std::to_string(r) + " has verification blocks of " +
                        std::to_string(x.block_bytes) + " bytes (at most " +
@@ -671,8 +674,8 @@ Result<std::vector<char>> read_image(const Summary& summary, RegionReader& data)
     if (ref.bytes == 0) continue;
     if (!fits(static_cast<uint64_t>(ref.offset), ref.bytes, data.file_size()))
       return corrupt(quoted_table(static_cast<Table>(i)) + " [" + std::to_string(ref.offset) + ", +" +
-                     std::to_string(ref.bytes) + ") lies outside the data file of " +
-                     std::to_string(data.file_size()) + " bytes (truncated file?)");
+                     std::to_string(ref.bytes) + ") lies outside the data file of " + std::to_string(data.file_size()) +
+                     " bytes (truncated file?)");
     starts.emplace_back(static_cast<uint64_t>(ref.offset), i);
   }
   std::sort(starts.begin(), starts.end());
@@ -687,9 +690,9 @@ Result<std::vector<char>> read_image(const Summary& summary, RegionReader& data)
     const TableRef& ref = summary.tables[i];
     if (ref.bytes == 0) continue;
     const Table t = static_cast<Table>(i);
-    H5CKPT_RETURN_IF_ERROR(data.read_bytes(image.data() + summary.image_offset(t), ref.bytes,
-                                           static_cast<uint64_t>(ref.offset))
-                               .with_context("reading the index " + quoted_table(t)));
+    H5CKPT_RETURN_IF_ERROR(
+        data.read_bytes(image.data() + summary.image_offset(t), ref.bytes, static_cast<uint64_t>(ref.offset))
+            .with_context("reading the index " + quoted_table(t)));
   }
   return image;
 }

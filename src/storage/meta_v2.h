@@ -33,17 +33,17 @@ uint64_t record_bytes(Table t);
 
 /// `tensors`: one per tensor, sorted by key (byte order).
 struct TensorRecord {
-  uint64_t key_offset;    ///< into `names`
+  uint64_t key_offset;  ///< into `names`
   uint32_t key_length;
-  uint8_t dtype;          ///< dtype code (§4.3)
-  uint8_t ndim;           ///< 1..32
-  uint16_t reserved;      ///< 0
-  uint64_t shape_index;   ///< into `coords`: ndim extents
+  uint8_t dtype;         ///< dtype code (§4.3)
+  uint8_t ndim;          ///< 1..32
+  uint16_t reserved;     ///< 0
+  uint64_t shape_index;  ///< into `coords`: ndim extents
   uint64_t nbytes;
   int64_t file_offset;    ///< -1 when nbytes = 0
   uint64_t first_region;  ///< this tensor's regions are [first_region, first_region + region_count)
   uint64_t region_count;
-  uint64_t first_block;   ///< its block checksums start here in `blocks`, region after region
+  uint64_t first_block;  ///< its block checksums start here in `blocks`, region after region
 };
 static_assert(sizeof(TensorRecord) == 64);
 
@@ -57,12 +57,12 @@ static_assert(sizeof(RegionRecord) == 8);
 /// `extents`: the distinct region geometries (shared by every region, of any tensor, with the
 /// same box, flat range and block size: a model's layers repeat them).
 struct ExtentRecord {
-  uint64_t box_index;    ///< into `coords`: ndim offsets, then ndim extents
-  int64_t flat_begin;    ///< with flat = 1: elements [flat_begin, flat_end) of the box's flattening
+  uint64_t box_index;  ///< into `coords`: ndim offsets, then ndim extents
+  int64_t flat_begin;  ///< with flat = 1: elements [flat_begin, flat_end) of the box's flattening
   int64_t flat_end;
   uint64_t block_bytes;  ///< verification block size; 0: the region has no block checksums
   uint32_t ndim;
-  uint32_t flat;         ///< 0: the whole box; 1: a flat range of it
+  uint32_t flat;  ///< 0: the whole box; 1: a flat range of it
 };
 static_assert(sizeof(ExtentRecord) == 40);
 
@@ -92,7 +92,7 @@ struct TableRef {
   int64_t offset = -1;  ///< -1 for an empty table (no storage)
   uint64_t bytes = 0;
   uint64_t records = 0;
-  uint64_t xxh3 = 0;    ///< of the table's bytes
+  uint64_t xxh3 = 0;  ///< of the table's bytes
 };
 
 struct Summary {

@@ -206,8 +206,8 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
       const Box& rbox = t.regions[span.region].shard.box;
       bool exact = false;
       for (size_t d = 1; d < rbox.shape.size(); ++d)
-        exact = exact || want.offset[d] < rbox.offset[d] ||
-                want.offset[d] + want.shape[d] > rbox.offset[d] + rbox.shape[d];
+        exact =
+            exact || want.offset[d] < rbox.offset[d] || want.offset[d] + want.shape[d] > rbox.offset[d] + rbox.shape[d];
       const int64_t before = delivered_;  // landing reads fill the chunk, not the destination
       for (const Box& piece : pieces) H5CKPT_RETURN_IF_ERROR(read_plain(t, piece, f, t.dtype, land, exact));
       delivered_ = before;
@@ -309,7 +309,8 @@ Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const pl
 }
 
 Status RegionReader::read_region(const TensorInfo& t, size_t index, void* dst) {
-  if (index >= t.regions.size()) return Status(ErrorCode::kInvalidArgument, "tensor '" + t.key + "' has no region " + std::to_string(index));
+  if (index >= t.regions.size())
+    return Status(ErrorCode::kInvalidArgument, "tensor '" + t.key + "' has no region " + std::to_string(index));
   delivered_ = 0;
   const SavedRegion& reg = t.regions[index];
   const int64_t n = reg.shard.numel();
@@ -332,8 +333,9 @@ Status RegionReader::read_region(const TensorInfo& t, size_t index, void* dst) {
     H5CKPT_RETURN_IF_ERROR(check_span(t, chunk, land));
   }
   if (delivered_ != n)
-    return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "' region " + std::to_string(index) + ": the read delivered " +
-                                           std::to_string(delivered_) + " of " + std::to_string(n) + " elements");
+    return Status(ErrorCode::kCorrupt, "tensor '" + t.key + "' region " + std::to_string(index) +
+                                           ": the read delivered " + std::to_string(delivered_) + " of " +
+                                           std::to_string(n) + " elements");
   return Status::Ok();
 }
 

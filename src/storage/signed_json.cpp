@@ -85,8 +85,7 @@ Result<json> parse_signed_json(const std::string& text) {
       return corrupt("authentication failed: the metadata was modified, or was not written with this key");
     return j;
   }
-  if (auth::enabled())
-    return corrupt("not authenticated, and a key is configured (auth_key_file): refused");
+  if (auth::enabled()) return corrupt("not authenticated, and a key is configured (auth_key_file): refused");
   uint64_t stored = 0;
   auto sum = j.find("index_xxh3");
   if (sum == j.end() || !sum->is_string()) return corrupt("missing index_xxh3 checksum");

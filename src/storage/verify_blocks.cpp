@@ -117,7 +117,8 @@ std::string region_name(const TensorInfo& t, size_t i) {
 }
 }  // namespace
 
-Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& want, const planner::RegionIndex* index) {
+Result<std::vector<CheckedSpan>> checked_spans(const TensorInfo& t, const Box& want,
+                                               const planner::RegionIndex* index) {
   std::vector<CheckedSpan> spans;
   const uint64_t es = dtype_size(t.dtype);
   // The regions to test: every one, or (with an index of this tensor's regions) the candidates

@@ -68,7 +68,7 @@ class BlockHasher {
  private:
   void start_block();
   uint64_t identity_, block_bytes_, region_bytes_, seen_ = 0, in_block_ = 0;
-  void* state_;                    // XXH3_state_t
+  void* state_;                     // XXH3_state_t
   std::optional<auth::Tag64> mac_;  // instead, with a key configured
   std::vector<uint64_t> sums_;
 };

@@ -146,8 +146,8 @@ Result<std::map<std::string, std::string>> read_rename_map(const std::string& pa
     return Status(ErrorCode::kInvalidArgument, "rename map '" + path + "' is not a JSON object of strings");
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!it.value().is_string())
-      return Status(ErrorCode::kInvalidArgument, "rename map '" + path + "': the value of '" + it.key() +
-                                                     "' is not a string");
+      return Status(ErrorCode::kInvalidArgument,
+                    "rename map '" + path + "': the value of '" + it.key() + "' is not a string");
     map[it.key()] = it.value().get<std::string>();
   }
   return map;
@@ -157,7 +157,8 @@ int run_export_sharded(const ExportArgs& a) {
   namespace fs = std::filesystem;
   auto max = parse_byte_size(a.max_shard_size);
   if (!max.ok() || *max == 0) {
-    std::cerr << "h5ckpt: export: --max-shard-size '" << a.max_shard_size << "' is not a positive size (e.g. 5GB, 500MiB)\n";
+    std::cerr << "h5ckpt: export: --max-shard-size '" << a.max_shard_size
+              << "' is not a positive size (e.g. 5GB, 500MiB)\n";
     return kExitError;
   }
   auto renames = read_rename_map(a.rename_map);
@@ -186,7 +187,8 @@ int run_export_sharded(const ExportArgs& a) {
     std::cerr << "h5ckpt: export: no tensor key starts with '" << a.prefix << "' in '" << info.path << "'\n";
     return kExitError;
   }
-  std::sort(selected.begin(), selected.end(), [](const NamedTensor& x, const NamedTensor& y) { return x.name < y.name; });
+  std::sort(selected.begin(), selected.end(),
+            [](const NamedTensor& x, const NamedTensor& y) { return x.name < y.name; });
   // Files in name order, each filled up to the bound (a tensor above it alone).
   std::vector<std::vector<NamedTensor>> shards;
   uint64_t fill = 0, total = 0;
@@ -207,7 +209,8 @@ int run_export_sharded(const ExportArgs& a) {
     return kExitError;
   }
   if (fs::exists(fs::path(a.out) / index_name, ec) && !a.overwrite) {
-    std::cerr << "h5ckpt: export: '" << (fs::path(a.out) / index_name).string() << "' exists (pass --overwrite to replace it)\n";
+    std::cerr << "h5ckpt: export: '" << (fs::path(a.out) / index_name).string()
+              << "' exists (pass --overwrite to replace it)\n";
     return kExitError;
   }
   auto file_name = [&](size_t k) {
@@ -241,8 +244,8 @@ int run_export_sharded(const ExportArgs& a) {
     else out.keep = true;
   }
   if (!st.ok()) return print_error("export", st), exit_for(st);
-  std::cout << "exported " << selected.size() << " tensors (" << human_bytes(total) << ") from " << info.path
-            << " to " << shards.size() << " file(s) and " << index_path << "\n";
+  std::cout << "exported " << selected.size() << " tensors (" << human_bytes(total) << ") from " << info.path << " to "
+            << shards.size() << " file(s) and " << index_path << "\n";
   return kExitOk;
 }
 

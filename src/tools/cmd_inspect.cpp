@@ -72,8 +72,7 @@ int inspect_checkpoint(const InspectArgs& a, const std::string& path) {
             << "step             " << (info->step >= 0 ? std::to_string(info->step) : std::string("-")) << "\n"
             << "saved topology   tp=" << s.tp << (s.cp != 1 ? " cp=" + std::to_string(s.cp) : std::string())
             << " dp=" << s.dp << " pp=" << s.pp << (s.ep != 1 ? " ep=" + std::to_string(s.ep) : std::string())
-            << " (world "
-            << info->saved_coords.size() << ")\n"
+            << " (world " << info->saved_coords.size() << ")\n"
             << "data file        " << info->data_file << " (" << human_bytes(file_bytes) << ")\n";
   for (const auto& [k, v] : info->attributes)
     std::cout << "attribute        " << safe_text(k, true) << " = " << safe_text(v, true) << "\n";

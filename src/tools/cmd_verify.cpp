@@ -25,7 +25,10 @@ int run_verify(const VerifyArgs& a) {
   if (const int worst = mpi.agree_exit(rc); worst != kExitOk) {
     if (mpi.rank() == 0) {
       if (a.json) {
-        std::cout << dump_json(json{{"ok", false}, {"path", safe_text(a.path, false)}, {"errors", {safe_text(info.status().to_string(), false)}}}) << "\n";
+        std::cout << dump_json(json{{"ok", false},
+                                    {"path", safe_text(a.path, false)},
+                                    {"errors", {safe_text(info.status().to_string(), false)}}})
+                  << "\n";
       }
       print_error("verify '" + a.path + "'",
                   info.ok() ? Status(ErrorCode::kRemote, "another rank failed") : info.status());
@@ -34,7 +37,9 @@ int run_verify(const VerifyArgs& a) {
   }
 
   // A region is checked through its verification blocks (or, format v1, its whole-region sum).
-  auto has_sums = [](const SavedRegion& r) { return r.checksum != 0 || r.block_bytes != 0 || !r.block_checksums.empty(); };
+  auto has_sums = [](const SavedRegion& r) {
+    return r.checksum != 0 || r.block_bytes != 0 || !r.block_checksums.empty();
+  };
   // Region i (over all tensors, in key order) is checked by rank i % size. One tensor at a time
   // goes to verify_checkpoint so that a bad tensor does not hide the others and the progress bar
   // moves; regions of other ranks lose their checksums, which verify_checkpoint skips, so the region

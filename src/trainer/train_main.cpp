@@ -49,12 +49,12 @@ struct Options {
   bool quiet = false;
   bool start_fresh = false;  // --start-fresh: train from step 0 when no checkpoint there validates
   std::string config_file;
-  int64_t keep_last = -1, keep_every = -1;  // retention flags; -1: as configured
-  double timeout_s = -1;                    // --timeout-s; -1: as configured
-  std::string memory_bytes;                 // --memory-bytes; empty: as configured
-  std::string local_dir;                    // --local-dir; empty: as configured
+  int64_t keep_last = -1, keep_every = -1;          // retention flags; -1: as configured
+  double timeout_s = -1;                            // --timeout-s; -1: as configured
+  std::string memory_bytes;                         // --memory-bytes; empty: as configured
+  std::string local_dir;                            // --local-dir; empty: as configured
   int64_t persist_every = -1, local_replicas = -1;  // -1: as configured
-  Config ck;                                // resolved checkpointer, save and load settings
+  Config ck;                                        // resolved checkpointer, save and load settings
 };
 
 int g_rank = 0;

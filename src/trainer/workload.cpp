@@ -63,8 +63,8 @@ Status TrainConfig::validate(int world_size) const {
   const std::string product = std::to_string(sizes.tp) + "*" + (cp ? std::to_string(sizes.cp) + "*" : "") +
                               std::to_string(sizes.pp) + "*" + std::to_string(sizes.dp);
   if (__builtin_mul_overflow(int64_t{sizes.tp}, int64_t{sizes.pp}, &want) ||
-      __builtin_mul_overflow(want, int64_t{sizes.dp}, &want) || __builtin_mul_overflow(want, int64_t{sizes.cp}, &want) ||
-      want > INT32_MAX)
+      __builtin_mul_overflow(want, int64_t{sizes.dp}, &want) ||
+      __builtin_mul_overflow(want, int64_t{sizes.cp}, &want) || want > INT32_MAX)
     return bad(names + " = " + product + " is more ranks than MPI can address (at most 2^31-1)");
   if (world_size != want)
     return bad("world size " + std::to_string(world_size) + " != " + names + " = " + product + " = " +

@@ -28,8 +28,8 @@ struct ModelConfig {
   int vocab = 5120;
   DType dtype = DType::kBF16;  ///< model params: kBF16 or kF32
   bool tie_embeddings = false;
-  int experts = 0;     ///< experts per MoE layer (0: no MoE)
-  int moe_every = 0;   ///< layer L is MoE when (L + 1) % moe_every == 0 (needs experts > 0)
+  int experts = 0;      ///< experts per MoE layer (0: no MoE)
+  int moe_every = 0;    ///< layer L is MoE when (L + 1) % moe_every == 0 (needs experts > 0)
   bool swiglu = false;  ///< fused gate/up fc1 ([2F, H]; a TP rank holds [gate_t; up_t])
   /// True when global layer `layer` has a MoE MLP (router + experts).
   bool is_moe_layer(int layer) const { return experts > 0 && moe_every > 0 && (layer + 1) % moe_every == 0; }
@@ -138,8 +138,8 @@ class Workload {
   /// The distributed optimizer's group of a tensor: (communicator, my index, size).
   std::tuple<MPI_Comm, int, int> zero_group(const TensorDesc& d) const;
   /// Adds an item for `t`'s local boxes (or the flat slice [b, e) of them) with `data`.
-  void add_item(StateDict& sd, const std::string& key, DType dtype, const Local& t, int64_t b, int64_t e,
-                bool flat, void* data) const;
+  void add_item(StateDict& sd, const std::string& key, DType dtype, const Local& t, int64_t b, int64_t e, bool flat,
+                void* data) const;
 
   TrainConfig cfg_;
   const Topology* topo_;

@@ -34,8 +34,8 @@ bool armed(const char* env, const char* point, int rank) {
 }  // namespace
 
 void test_point(const char* point, int rank) {
-  for (const auto& [env, sig, verb] : {std::tuple{"H5CKPT_TEST_KILL_AT", SIGKILL, "kills"},
-                                       std::tuple{"H5CKPT_TEST_STOP_AT", SIGSTOP, "stops"}}) {
+  for (const auto& [env, sig, verb] :
+       {std::tuple{"H5CKPT_TEST_KILL_AT", SIGKILL, "kills"}, std::tuple{"H5CKPT_TEST_STOP_AT", SIGSTOP, "stops"}}) {
     if (!armed(env, point, rank)) continue;
     std::fprintf(stderr, "h5ckpt: %s=%s: rank %d %s itself\n", env, std::getenv(env), rank, verb);
     std::fflush(stderr);

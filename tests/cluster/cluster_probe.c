@@ -40,7 +40,7 @@ static int g_rank;
 static char g_name[NAME_LEN];
 static int g_failed;
 
-static void fail(const char *fmt, ...) {
+static void fail(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   char msg[1024];
@@ -59,15 +59,15 @@ static void usage(void) {
 
 /* Sets seen[r] = 1 for every file rank-<r> (0 <= r < size) in dir; returns the number of entries
  * that are not such a file (counted in *other), or -1 if the directory cannot be read. */
-static int list_rank_files(const char *dir, int size, char *seen, int *other) {
-  DIR *d = opendir(dir);
+static int list_rank_files(const char* dir, int size, char* seen, int* other) {
+  DIR* d = opendir(dir);
   if (!d) return -1;
   memset(seen, 0, (size_t)size);
   *other = 0;
-  struct dirent *e;
+  struct dirent* e;
   while ((e = readdir(d)) != NULL) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    char *end;
+    char* end;
     if (!strncmp(e->d_name, "rank-", 5) && e->d_name[5] != '\0') {
       long r = strtol(e->d_name + 5, &end, 10);
       if (*end == '\0' && r >= 0 && r < size) {
@@ -82,9 +82,9 @@ static int list_rank_files(const char *dir, int size, char *seen, int *other) {
 }
 
 /* Compares the listing of dir with the expected set (mine[r] = 1 for the ranks of this node). */
-static void check_listing(const char *dir, int size, const char *mine, int expect_none, const char *when,
-                          const char *names) {
-  char *seen = malloc((size_t)size);
+static void check_listing(const char* dir, int size, const char* mine, int expect_none, const char* when,
+                          const char* names) {
+  char* seen = malloc((size_t)size);
   int other = 0;
   if (list_rank_files(dir, size, seen, &other) != 0) {
     fail("%s: cannot list node-local dir %s: %s", when, dir, strerror(errno));
@@ -97,19 +97,18 @@ static void check_listing(const char *dir, int size, const char *mine, int expec
     if (seen[r] && !want)
       fail("%s: %s/rank-%d is visible here but rank %d is on %s%s", when, dir, r, r, names + (size_t)r * NAME_LEN,
            expect_none ? " (this node's dir should be empty)" : "");
-    else if (!seen[r] && want)
-      fail("%s: %s/rank-%d (rank %d, this node) is missing", when, dir, r, r);
+    else if (!seen[r] && want) fail("%s: %s/rank-%d (rank %d, this node) is missing", when, dir, r, r);
   }
   free(seen);
 }
 
 /* Every rank-<r> file of this node must contain this node's name (written on this node). */
-static void check_contents(const char *dir, int size, const char *mine) {
+static void check_contents(const char* dir, int size, const char* mine) {
   for (int r = 0; r < size; ++r) {
     if (!mine[r]) continue;
     char path[4096], buf[NAME_LEN + 2] = {0};
     snprintf(path, sizeof path, "%s/rank-%d", dir, r);
-    FILE *f = fopen(path, "r");
+    FILE* f = fopen(path, "r");
     if (!f) continue; /* reported by check_listing */
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
@@ -119,7 +118,7 @@ static void check_contents(const char *dir, int size, const char *mine) {
   }
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int size;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -154,12 +153,12 @@ int main(int argc, char **argv) {
   else if (strcmp(host, g_name)) fail("gethostname says %s but MPI_Get_processor_name says %s", host, g_name);
   if (size != nodes * rpn) fail("world size %d != %d nodes x %d ranks", size, nodes, rpn);
 
-  char *names = calloc((size_t)size, NAME_LEN);
+  char* names = calloc((size_t)size, NAME_LEN);
   MPI_Allgather(g_name, NAME_LEN, MPI_CHAR, names, NAME_LEN, MPI_CHAR, MPI_COMM_WORLD);
-  char *mine = calloc((size_t)size, 1); /* mine[r]: rank r has my processor name */
+  char* mine = calloc((size_t)size, 1); /* mine[r]: rank r has my processor name */
   int distinct = 0, same = 0;
   for (int r = 0; r < size; ++r) {
-    const char *nr = names + (size_t)r * NAME_LEN;
+    const char* nr = names + (size_t)r * NAME_LEN;
     mine[r] = strcmp(nr, g_name) == 0;
     same += mine[r];
     int first = 1;
@@ -175,12 +174,14 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(node, &node_rank);
   MPI_Comm_size(node, &node_size);
   if (node_size != rpn) fail("node communicator has %d ranks, expected %d", node_size, rpn);
-  int *members = malloc(sizeof(int) * (size_t)node_size);
+  int* members = malloc(sizeof(int) * (size_t)node_size);
   MPI_Allgather(&g_rank, 1, MPI_INT, members, 1, MPI_INT, node);
   int in_node = 0;
   for (int i = 0; i < node_size; ++i) {
     int r = members[i];
-    if (r < 0 || r >= size || !mine[r]) fail("rank %d shares my node communicator but is on %s", r, r >= 0 && r < size ? names + (size_t)r * NAME_LEN : "?");
+    if (r < 0 || r >= size || !mine[r])
+      fail("rank %d shares my node communicator but is on %s", r,
+           r >= 0 && r < size ? names + (size_t)r * NAME_LEN : "?");
     else ++in_node;
   }
   if (in_node != same) fail("node communicator holds %d of the %d ranks named %s", in_node, same, g_name);
@@ -196,7 +197,8 @@ int main(int argc, char **argv) {
     int nl, one = 1;
     MPI_Comm_size(leaders, &nl);
     MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_INT, MPI_SUM, leaders);
-    if (nl != nodes || one != nodes) fail("node leaders: %d in communicator, allreduce %d, expected %d", nl, one, nodes);
+    if (nl != nodes || one != nodes)
+      fail("node leaders: %d in communicator, allreduce %d, expected %d", nl, one, nodes);
     MPI_Comm_free(&leaders);
   }
 
@@ -215,7 +217,8 @@ int main(int argc, char **argv) {
   if (local) {
     int lost_here = lost && !strcmp(lost, g_name);
     if (persisted || lost) {
-      check_listing(local, size, mine, lost_here, lost_here ? "before writing (lost node)" : "before writing (persisted)", names);
+      check_listing(local, size, mine, lost_here,
+                    lost_here ? "before writing (lost node)" : "before writing (persisted)", names);
       if (!lost_here) check_contents(local, size, mine);
     } else {
       check_listing(local, size, mine, 1, "before writing (fresh node)", names);
@@ -238,14 +241,17 @@ int main(int argc, char **argv) {
 
   /* 4. environment */
   for (int i = 0; i < n_set; ++i) {
-    const char *eq = strchr(env_set[i], '=');
+    const char* eq = strchr(env_set[i], '=');
     char var[256];
     snprintf(var, sizeof var, "%.*s", (int)(eq - env_set[i]), env_set[i]);
-    const char *val = getenv(var);
-    if (!val || strcmp(val, eq + 1)) fail("environment: %s is %s%s%s, expected \"%s\"", var, val ? "\"" : "unset", val ? val : "", val ? "\"" : "", eq + 1);
+    const char* val = getenv(var);
+    if (!val || strcmp(val, eq + 1))
+      fail("environment: %s is %s%s%s, expected \"%s\"", var, val ? "\"" : "unset", val ? val : "", val ? "\"" : "",
+           eq + 1);
   }
   for (int i = 0; i < n_unset; ++i)
-    if (getenv(env_unset[i])) fail("environment: %s is set (\"%s\"), expected unset", env_unset[i], getenv(env_unset[i]));
+    if (getenv(env_unset[i]))
+      fail("environment: %s is set (\"%s\"), expected unset", env_unset[i], getenv(env_unset[i]));
 
   int any = g_failed, nfail = g_failed;
   MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -254,7 +260,10 @@ int main(int argc, char **argv) {
     if (any) printf("cluster probe: FAILED on %d of %d ranks\n", nfail, size);
     else
       printf("cluster probe: PASS: %d nodes x %d ranks%s%s%s\n", nodes, rpn, local ? ", node-local " : "",
-             local ? local : "", persisted ? " (persisted)" : lost ? " (lost node)" : "");
+             local ? local : "",
+             persisted ? " (persisted)"
+             : lost    ? " (lost node)"
+                       : "");
     fflush(stdout);
   }
   free(out);
