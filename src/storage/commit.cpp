@@ -405,13 +405,17 @@ Status validate_checkpoint_dir(const std::string& dir) {
   // A committed name with the marker but not its files: damaged, or its files' server is down.
   const bool marked = !is_temp_name(dir) && has_checkpoint_marker(dir);
   const std::string unreachable = " (deleted, or on a storage server that is down)";
-  if (!has_meta && marked)
-    return Status(ErrorCode::kCorrupt, "'" + dir + "' is a checkpoint whose " + kMetadataFileName +
-                                           (has_data ? "" : std::string(" and ") + kDataFileName) +
-                                           (has_data ? " is" : " are") + " missing" + unreachable);
+  if (!has_meta && !has_data && marked)
+    return Status(ErrorCode::kCorrupt, "'" + dir + "' is a checkpoint whose " + kMetadataFileName + " and " +
+                                           kDataFileName + " are missing" + unreachable);
+  // Data without metadata stays "not committed" (what a save that stopped before its metadata
+  // leaves); with the marker the metadata may also have gone with its server, and the message says so.
   if (!has_meta)
     return has_data ? Status(ErrorCode::kNotCommitted,
-                             "'" + dir + "' has data but no " + kMetadataFileName + ": it was never committed")
+                             "'" + dir + "' has data but no " + kMetadataFileName + ": it was never committed" +
+                                 (marked ? ", or its " + std::string(kMetadataFileName) +
+                                               " was deleted or is on a storage server that is down"
+                                         : std::string()))
                     : Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
   if (!has_data)
     return Status(ErrorCode::kCorrupt,
