@@ -23,3 +23,17 @@ set_target_properties(test_transfer_capi PROPERTIES C_STANDARD 99 C_STANDARD_REQ
 target_compile_options(test_transfer_capi PRIVATE -Wall -Wextra -pedantic-errors)
 target_link_libraries(test_transfer_capi PRIVATE h5ckpt MPI::MPI_C)
 h5ckpt_add_mpi_test(test_transfer_capi RANKS 1 2 4 LABELS capi transfer TIMEOUT 120)
+
+# Device buffers in transfers: through the simulated device everywhere, and on a real GPU (label gpu).
+h5ckpt_mpi_test_binary(test_transfer_device test_transfer_device.cpp)
+target_link_libraries(test_transfer_device PRIVATE h5ckpt_test_support)
+h5ckpt_add_mpi_test(test_transfer_device LABELS transfer device RANKS 1 2 4 TIMEOUT 300)
+if(H5CKPT_HAVE_CUDA)
+  h5ckpt_mpi_test_binary(test_transfer_gpu test_transfer_device.cpp)
+  target_compile_definitions(test_transfer_gpu PRIVATE H5CKPT_TRANSFER_ON_GPU)
+  target_link_libraries(test_transfer_gpu PRIVATE h5ckpt_test_support)
+  h5ckpt_add_mpi_test(test_transfer_gpu LABELS gpu transfer RANKS 1 2 4 TIMEOUT 300)
+  foreach(n 1 2 4)
+    set_tests_properties(test_transfer_gpu_np${n} PROPERTIES SKIP_REGULAR_EXPRESSION "no GPU visible")
+  endforeach()
+endif()

@@ -5,7 +5,8 @@
 # planning CPU. One JSON summary line per run goes to $OUT (the device tool's folder) or ./gpu-figures.
 #   here:  scripts/gpu_bundle.sh
 #   there: run(command="perf/gpu_figures.sh", carry=[".gpu"])
-# REPEATS (default 3) and RUNS (default "np1 np4 np4off np8 cuda scale") trim it to the time at hand.
+# REPEATS (default 3) and RUNS (default "np1 np4 np4off np8 cuda scale transfer transfer_cuda") trim it
+# to the time at hand.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . .gpu/env.sh
@@ -24,7 +25,7 @@ bench() {  # bench NAME RANKS ARGS...
   echo "$name: exit $? in $((SECONDS - t0)) s"
   rm -rf "/tmp/gpu-figures-$name"
 }
-for r in ${RUNS:-np1 np4 np4off np8 cuda scale}; do
+for r in ${RUNS:-np1 np4 np4off np8 cuda scale transfer transfer_cuda}; do
   case $r in
     np1) bench np1 1 ;;
     np4) bench np4 4 --tp 2 --zero ;;
@@ -32,6 +33,16 @@ for r in ${RUNS:-np1 np4 np4off np8 cuda scale}; do
       (export H5CKPT_AGGREGATE_WRITES=off; MPIRUN="$MPIRUN -x H5CKPT_AGGREGATE_WRITES"; bench np4off 4 --tp 2 --zero) ;;
     np8) bench np8 8 --tp 2 --zero ;;
     cuda) bench cuda 1 --device cuda ;;
+    transfer)  # live state between 2 sources and 2 destinations, host buffers, 1 GiB
+      t0=$SECONDS
+      timeout -s KILL 150 $MPIRUN -np 4 .gpu/bin/h5ckpt-transfer --mib 1024 --tensors 8 --repeats "$REPEATS" \
+        >"$DEST/transfer.jsonl" 2>"$DEST/transfer.err"
+      echo "transfer: exit $? in $((SECONDS - t0)) s" ;;
+    transfer_cuda)  # the same between device buffers (1 source, 1 destination sharing the GPU)
+      t0=$SECONDS
+      timeout -s KILL 150 $MPIRUN -np 2 .gpu/bin/h5ckpt-transfer --mib 1024 --tensors 8 --repeats "$REPEATS" \
+        --device cuda >"$DEST/transfer_cuda.jsonl" 2>"$DEST/transfer_cuda.err"
+      echo "transfer_cuda: exit $? in $((SECONDS - t0)) s" ;;
     scale)
       if [[ -x .gpu/bin/h5ckpt-scale ]]; then
         t0=$SECONDS
@@ -40,4 +51,4 @@ for r in ${RUNS:-np1 np4 np4off np8 cuda scale}; do
       fi ;;
   esac
 done
-tail -qn1 "$DEST"/bench-*.jsonl "$DEST"/scale.jsonl 2>/dev/null | cut -c1-3000
+tail -qn1 "$DEST"/bench-*.jsonl "$DEST"/scale.jsonl "$DEST"/transfer*.jsonl 2>/dev/null | cut -c1-3000

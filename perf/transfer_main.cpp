@@ -3,6 +3,8 @@
 // with StateTransfer, against an MPI_Alltoallv moving the same byte counts between the same
 // ranks, straight from the source buffers into the destination buffers, in the same run. Also a
 // delta (one element changed per tensor); verified (staged), in-place verified and unverified.
+// --device cuda|simulated adds the verified transfer between device buffers against its floor:
+// the sources' bytes copied down, the same MPI_Alltoallv, the destinations' bytes copied up.
 // Prints one JSON line per repeat and a summary with the ratios (docs/performance.md).
 #include <mpi.h>
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "device/staging.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "h5ckpt/transfer.h"
 
@@ -40,10 +43,12 @@ int main(int argc, char** argv) {
   int tensors = 8, repeats = 5;
   int64_t cols = 1024;
   double mib = 256;
+  std::string device_kind = "none";
   app.add_option("--tensors", tensors, "tensors in the state");
   app.add_option("--mib", mib, "MiB of the whole state (f32)");
   app.add_option("--cols", cols, "columns of each tensor");
   app.add_option("--repeats", repeats, "timed repeats (the summary takes medians)");
+  app.add_option("--device", device_kind, "also transfer between device buffers: cuda or simulated");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -52,6 +57,9 @@ int main(int argc, char** argv) {
     return rc;
   }
   if (size < 2) die("needs at least 2 ranks");
+  if (device_kind == "simulated") device::set_staging_for_testing(device::make_simulated_staging(0));
+  if (device_kind != "none" && !device::staging().has_device())
+    die("--device " + device_kind + ": no GPU runtime here (staging '" + device::staging().name() + "')");
   const int k = size / 2, m = size - k;  // sources, destinations
   const bool source = rank < k;
   const int64_t rows = std::max<int64_t>(size, static_cast<int64_t>(mib * (1 << 20) / 4 / tensors / cols));
@@ -141,6 +149,14 @@ int main(int argc, char** argv) {
       for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
     t["transfer_s"].push_back(timed([&] { r = publish(full); }));
     check_dest(-1, 0);
+    {  // where the verified transfer's time goes (slowest rank in each part)
+      double parts[4] = {r.plan_s, r.checksum_s, r.exchange_s, r.commit_s}, worst[4];
+      MPI_Allreduce(parts, worst, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      t["transfer_plan_s"].push_back(worst[0]);
+      t["transfer_checksum_s"].push_back(worst[1]);
+      t["transfer_exchange_s"].push_back(worst[2]);
+      t["transfer_commit_s"].push_back(worst[3]);
+    }
     full_bytes = sum_all(r.bytes_received);
     // Delta: one element of every tensor changes on the source (global element 5 of each).
     const float changed = 1000.0f + static_cast<float>(rep);
@@ -164,6 +180,50 @@ int main(int argc, char** argv) {
       std::printf("%s\n", j.dump().c_str());
     }
   }
+  // Device buffers: every tensor mirrored in device memory; the floor copies the bytes down on
+  // the sources, runs the same MPI_Alltoallv between host buffers and copies them up.
+  if (device_kind != "none") {
+    device::Staging& ds = device::staging();
+    const size_t n = bufs[0].size() * 4;
+    std::vector<void*> dev(tensors);
+    StateDict dstate;
+    for (int tt = 0; tt < tensors; ++tt) {
+      dev[tt] = ds.alloc_device(std::max<size_t>(n, 1));
+      if (!dev[tt]) die("cannot allocate device memory");
+      if (!ds.copy_to_device(dev[tt], bufs[tt].data(), n).ok()) die("host-to-device copy failed");
+      dstate.add("model/t" + std::to_string(tt), DType::kF32, shape, ShardSpec::box_of({r0, 0}, {r1 - r0, cols}),
+                 dev[tt], Device::kCuda);
+    }
+    if (!ds.synchronize().ok()) die("device synchronize failed");
+    auto device_floor = [&] {
+      for (int tt = 0; tt < tensors && source; ++tt) (void)ds.copy_to_host(bufs[tt].data(), dev[tt], n);
+      if (!ds.synchronize().ok()) die("device synchronize failed");
+      alltoallv();
+      for (int tt = 0; tt < tensors && !source; ++tt) (void)ds.copy_to_device(dev[tt], bufs[tt].data(), n);
+      if (!ds.synchronize().ok()) die("device synchronize failed");
+    };
+    StateTransfer dx(MPI_COMM_WORLD);
+    auto device_publish = [&] {
+      TransferOptions o = full;
+      o.version = ++version;
+      check(dx.transfer(source ? &dstate : nullptr, source ? nullptr : &dstate, o), "device transfer");
+    };
+    device_publish();  // warm-up: plan, staging
+    for (int rep = 0; rep < repeats; ++rep) {
+      t["device_floor_s"].push_back(timed(device_floor));
+      if (!source)  // the floor left the right bytes: wipe them so the transfer must bring them
+        for (int tt = 0; tt < tensors; ++tt) {
+          std::fill(bufs[tt].begin(), bufs[tt].end(), -1.0f);
+          (void)ds.copy_to_device(dev[tt], bufs[tt].data(), n);
+        }
+      if (!ds.synchronize().ok()) die("device synchronize failed");
+      t["device_transfer_s"].push_back(timed(device_publish));
+      for (int tt = 0; tt < tensors && !source; ++tt) (void)ds.copy_to_host(bufs[tt].data(), dev[tt], n);
+      if (!ds.synchronize().ok()) die("device synchronize failed");
+      check_dest(-1, 0);
+    }
+    for (void* d : dev) ds.free_device(d);
+  }
   if (rank == 0) {
     json s;
     s["scenario"] = "summary";
@@ -181,6 +241,10 @@ int main(int argc, char** argv) {
     s["total_blocks"] = total_blocks;
     s["delta_over_full_bytes"] = static_cast<double>(delta_bytes) / static_cast<double>(full_bytes);
     s["delta_over_transfer"] = median(t["delta_s"]) / median(t["transfer_s"]);
+    if (device_kind != "none") {
+      s["device"] = device::staging().name();
+      s["device_transfer_over_floor"] = median(t["device_transfer_s"]) / median(t["device_floor_s"]);
+    }
     std::printf("%s\n", s.dump().c_str());
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -12,7 +12,7 @@ OUTDIR=${1:-$ROOT/.gpu}
 BINS=("$BUILD/mpi_tests/test_gpu" "$BUILD/mpi_tests/test_device" "$BUILD/perf/h5ckpt-bench")
 for b in "${BINS[@]}"; do [[ -x $b ]] || { echo "gpu_bundle: $b not built" >&2; exit 1; }; done
 # The planning and transfer benchmarks too, where built (server-class figures of issues 28 and 30).
-for b in "$BUILD/perf/h5ckpt-scale" "$BUILD/perf/h5ckpt-transfer"; do [[ -x $b ]] && BINS+=("$b"); done
+for b in "$BUILD/perf/h5ckpt-scale" "$BUILD/perf/h5ckpt-transfer" "$BUILD/mpi_tests/test_transfer_gpu"; do [[ -x $b ]] && BINS+=("$b"); done
 rm -rf "$OUTDIR" && mkdir -p "$OUTDIR/bin" "$OUTDIR/lib" "$OUTDIR/debs"
 for b in "${BINS[@]}"; do strip -o "$OUTDIR/bin/$(basename "$b")" "$b"; done
 strip -o "$OUTDIR/lib/libh5ckpt.so.0" "$(readlink -f "$BUILD/src/libh5ckpt.so.0")"

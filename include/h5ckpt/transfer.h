@@ -49,6 +49,15 @@ struct TransferOptions {
   /// phase and the ranks that did not arrive (process-wide, as CheckpointerOptions::timeout_s).
   /// 0: no deadline.
   double timeout_s = 600;
+  /// Device buffers (Device::kCuda, or detected): the CUDA stream (a cudaStream_t) whose work
+  /// must be complete before the sources are read, as SaveOptions::device_stream. Null: the
+  /// whole device is synchronized first. Device pieces move through host staging over MPI: the
+  /// sums are computed and checked on host bytes, and the destination's device buffers are
+  /// written only after the agreement (copies complete before transfer() returns).
+  void* device_stream = nullptr;
+  /// Threads per rank that hash, check and copy while the calling thread drives MPI; 0: the
+  /// node's hardware threads shared by its ranks.
+  int threads = 0;
 };
 
 /// Per-call figures of this rank.
@@ -81,8 +90,9 @@ class H5CKPT_API StateTransfer {
 
   /// Fills every destination buffer with the sources' elements: each byte from one source rank
   /// (replicas share the sending), dtype conversion, padding (allow_shape_mismatch) and strictness
-  /// as for a load. `source` / `destination` may be null on ranks without that role. Device
-  /// buffers are refused (kUnsupported). Collective over the world; every rank returns the same
+  /// as for a load. `source` / `destination` may be null on ranks without that role; buffers may
+  /// be host or device memory (device ones need a GPU runtime, else kUnsupported naming the key).
+  /// Collective over the world; every rank returns the same
   /// Status; on failure the destination buffers are unchanged (but see memory_bytes).
   Result<TransferReport> transfer(const StateDict* source, StateDict* destination, const TransferOptions& options = {});
 

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <deque>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "comm/comm.h"
 #include "comm/deadline.h"
@@ -28,6 +30,7 @@
 #include "util/checked_math.h"
 #include "util/dtype_convert.h"
 #include "util/phase.h"
+#include "util/work_pool.h"
 
 namespace h5ckpt {
 
@@ -53,6 +56,9 @@ using planner::TransferPiece;
 constexpr int kSumTag = 0x7101;
 constexpr int kDataTag = 0x7102;
 constexpr int kCoordinator = 0;
+// Work handed to the pool's threads at a time: a few verification blocks (about 1 MiB each).
+constexpr uint64_t kBlocksPerJob = 8;
+constexpr uint64_t kCopyJobBytes = 8ull << 20;  // rows copied into the destination per job
 
 bool fault_armed(int rank, const std::string& key) {
   std::lock_guard<std::mutex> lock(engine::fault_mu);
@@ -151,13 +157,75 @@ char* contiguous_in(StateItem& dst, const TransferPiece& p) {
   return runs == 1 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
 }
 
-std::vector<uint64_t> hash_piece(const StateItem& src, const TransferPiece& p, const PieceGeometry& g) {
-  storage::BlockHasher h(g.identity, g.block_bytes, p.bytes);
+// ---- Device buffers: pieces move through host memory (sums are computed and checked there) ----
+
+// Starts the copies of a piece's stream (its box, row-major) from a device source item into
+// `host`; complete once a marker recorded after them has been waited for.
+Status copy_piece_to_host(device::Staging& staging, const StateItem& src, const Box& box, char* host) {
   const uint64_t es = dtype_size(src.dtype);
   const char* base = static_cast<const char*>(src.data);
-  planner::for_each_run(p.box, planner::frame_of(src.shard), planner::Frame{p.box, 0},
-                        [&](int64_t si, int64_t, int64_t n) { h.update(base + si * es, n * es); });
-  return h.finish();
+  Status st;
+  planner::for_each_run(box, planner::frame_of(src.shard), planner::Frame{box, 0}, [&](int64_t si, int64_t di, int64_t n) {
+    if (st.ok()) st = staging.copy_to_host(host + di * es, base + si * es, n * es);
+  });
+  return st;
+}
+
+// A host item that holds exactly one piece's stream: the source side of every step below.
+StateItem host_view(const StateItem& src, const TransferPiece& p, char* host) {
+  StateItem v;
+  v.key = src.key;
+  v.dtype = src.dtype;
+  v.global_shape = src.global_shape;
+  v.shard = ShardSpec::box_of(p.box.offset, p.box.shape);
+  v.data = host;
+  return v;
+}
+
+// scatter_rows into a device item: the runs go up from `in` (converted first into a buffer added
+// to `converted` when the dtypes differ; `in` and those buffers must live until the copies complete).
+Status scatter_rows_to_device(device::Staging& staging, StateItem& dst, DType src_dtype, const Box& box, int64_t r0,
+                              int64_t r1, const char* in, std::deque<std::vector<char>>& converted) {
+  const Box sub = sub_rows(box, r0, r1);
+  const uint64_t des = dtype_size(dst.dtype);
+  if (src_dtype != dst.dtype) {
+    converted.emplace_back(static_cast<size_t>(sub.volume()) * des);
+    detail::convert_elements(in, src_dtype, converted.back().data(), dst.dtype, static_cast<size_t>(sub.volume()));
+    in = converted.back().data();
+  }
+  char* base = static_cast<char*>(dst.data);
+  Status st;
+  planner::for_each_run(sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard), [&](int64_t si, int64_t di, int64_t n) {
+    if (st.ok()) st = staging.copy_to_device(base + di * des, in + si * des, n * des);
+  });
+  return st;
+}
+
+// The sums of blocks [b0, b1) of a piece, from a host source item: each block on its own (its
+// seed names it), so block ranges hash on different threads.
+void hash_blocks(const StateItem& src, const TransferPiece& p, const PieceGeometry& g, uint64_t b0, uint64_t b1,
+                 uint64_t* out) {
+  const uint64_t es = dtype_size(src.dtype);
+  const char* base = static_cast<const char*>(src.data);
+  for (uint64_t b = b0; b < b1; ++b) {
+    const uint64_t lo = b * g.block_bytes, hi = std::min(p.bytes, lo + g.block_bytes);
+    const Box sub = sub_rows(p.box, static_cast<int64_t>(lo / g.row), static_cast<int64_t>(hi / g.row));
+    storage::BlockHasher h(storage::block_seed(g.identity, b), g.block_bytes, hi - lo);
+    planner::for_each_run(sub, planner::frame_of(src.shard), planner::Frame{sub, 0},
+                          [&](int64_t si, int64_t, int64_t n) { h.update(base + si * es, n * es); });
+    out[b] = h.finish()[0];
+  }
+}
+
+// Queues the sums of a piece's blocks on `pool` into `out` (sized here), kBlocksPerJob at a time.
+void submit_hashes(detail::WorkPool& pool, const std::shared_ptr<detail::WorkPool::Group>& group,
+                   const StateItem& src, const TransferPiece& p, const PieceGeometry& g, std::vector<uint64_t>& out) {
+  out.assign(g.blocks, 0);
+  for (uint64_t b0 = 0; b0 < g.blocks; b0 += kBlocksPerJob)
+    pool.submit(group, [&src, &p, &g, &out, b0] {
+      hash_blocks(src, p, g, b0, std::min(g.blocks, b0 + kBlocksPerJob), out.data());
+      return Status::Ok();
+    });
 }
 
 // ---- Plan messages ----
@@ -266,8 +334,6 @@ Status check_side(const StateDict* state, const engine::ExpandedState* expanded,
   for (size_t i = 0; i < state->items().size(); ++i) {
     const StateItem& it = state->items()[i];
     const std::string ctx = std::string(side) + " " + expanded->context(i);
-    if (device::is_device_item(it))
-      return Status(ErrorCode::kUnsupported, ctx + ": device buffers cannot be transferred yet (host buffers only)");
     if (Status st = engine::check_item_buffer(it); !st.ok()) return st.with_context(ctx);
   }
   return Status::Ok();
@@ -302,8 +368,16 @@ struct StateTransfer::Impl {
   bool have_version = false;
   int64_t version = -1;
   std::vector<std::vector<uint64_t>> sums;
-  // Staging reused between calls.
-  std::vector<char> stage, pack;
+  // Staging reused between calls; `from_device`: device source pieces copied to host.
+  std::vector<char> stage, pack, from_device;
+  // Threads that hash, check and copy beside the thread driving MPI (made on first use).
+  int ranks_here = 1;
+  std::unique_ptr<detail::WorkPool> pool;
+  detail::WorkPool& workers(int requested) {
+    const int n = detail::default_threads(requested, ranks_here);
+    if (!pool || pool->threads() != n) pool = std::make_unique<detail::WorkPool>(n, 1 << 20);  // submit never blocks
+    return *pool;
+  }
 
   MPI_Comm w() const { return world.get(); }
   int rank() const { return world.rank(); }
@@ -385,8 +459,25 @@ struct StateTransfer::Impl::Call {
   std::vector<std::vector<uint64_t>> fresh;  // this version's sums, per piece
   std::vector<std::vector<Run>> runs;        // the moving byte runs, per piece
   double commit_s = 0;
+  // Device buffers, per item: their pieces go through host memory.
+  device::Staging& staging = device::staging();
+  std::vector<char> src_on_device, dst_on_device;
+  bool device_ordered = false;  // the caller's device work waited for (once, before the first read)
+  bool commits_can_fail = false;  // some rank writes device buffers: commits are agreed too
 
   const StateItem& src_item(const TransferPiece& p) const { return src->items()[p.src_item]; }
+  bool src_device(const TransferPiece& p) const { return src_on_device[p.src_item] != 0; }
+  bool dst_device(const TransferPiece& p) const { return dst_on_device[p.dst_item] != 0; }
+
+  // Copies a device source piece's whole stream into `host` and waits for it.
+  Status piece_from_device(const TransferPiece& p, char* host) {
+    if (!device_ordered) {
+      H5CKPT_RETURN_IF_ERROR(staging.order_after(options.device_stream));
+      device_ordered = true;
+    }
+    H5CKPT_RETURN_IF_ERROR(copy_piece_to_host(staging, src_item(p), p.box, host));
+    return staging.synchronize();
+  }
   StateItem& dst_item(const TransferPiece& p) const { return dst->items()[p.dst_item]; }
   const std::string& key_of(const TransferPiece& p) const {
     return p.src_rank == me ? src_item(p).key : dst_item(p).key;
@@ -400,8 +491,16 @@ struct StateTransfer::Impl::Call {
     if (local.ok()) local = check_side(src, src ? &*src_holder : nullptr, "source");
     if (local.ok()) local = check_side(dst, dst ? &*dst_holder : nullptr, "destination");
     const uint64_t sig = local.ok() ? local_signature(src, dst, options) : 0;
-    int cached = local.ok() && impl.planned && impl.signature == sig;
-    H5CKPT_RETURN_IF_ERROR(comm::agree(local, w(), &cached).with_context("transfer"));
+    if (src)
+      for (const StateItem& it : src->items()) src_on_device.push_back(device::is_device_item(it));
+    if (dst)
+      for (const StateItem& it : dst->items()) dst_on_device.push_back(device::is_device_item(it));
+    // {plan cached on every rank, no device destination on any rank}
+    int flags[2] = {local.ok() && impl.planned && impl.signature == sig,
+                    std::count(dst_on_device.begin(), dst_on_device.end(), 1) == 0};
+    H5CKPT_RETURN_IF_ERROR(comm::agree(local, w(), flags, 2).with_context("transfer"));
+    const int cached = flags[0];
+    commits_can_fail = flags[1] == 0;
     if (!cached) {
       impl.planned = false;
       impl.have_version = false;
@@ -443,12 +542,27 @@ struct StateTransfer::Impl::Call {
     if (!sums_first) return Status::Ok();
     PhaseScope scope("transfer", "checksums");
     auto mpi = comm::make_mpi_transport(w());
-    Status local;
+    Status local, copied;  // a failed device copy is agreed after the sums moved (no rank waits)
+    detail::WorkPool& pool = impl.workers(options.threads);
+    auto host_sums = pool.group();
     for (size_t k = 0; k < np; ++k) {
       const TransferPiece& p = (*pieces)[k];
-      if (p.src_rank == me) fresh[k] = hash_piece(src_item(p), p, geo[k]);
-      else fresh[k].resize(geo[k].blocks);
+      if (p.src_rank != me) fresh[k].resize(geo[k].blocks);
+      else if (!src_device(p)) submit_hashes(pool, host_sums, src_item(p), p, geo[k], fresh[k]);
     }
+    pool.seal(host_sums);
+    for (size_t k = 0; k < np; ++k) {  // device pieces one at a time through host memory
+      const TransferPiece& p = (*pieces)[k];
+      if (p.src_rank != me || !src_device(p)) continue;
+      if (impl.from_device.size() < p.bytes) impl.from_device.resize(p.bytes);
+      if (copied.ok()) copied = piece_from_device(p, impl.from_device.data());
+      const StateItem view = host_view(src_item(p), p, impl.from_device.data());
+      auto one = pool.group();
+      submit_hashes(pool, one, view, p, geo[k], fresh[k]);
+      pool.seal(one);
+      (void)pool.wait(one);
+    }
+    (void)pool.wait(host_sums);
     for (size_t k = 0; k < np && local.ok(); ++k) {
       const TransferPiece& p = (*pieces)[k];
       if (p.src_rank == p.dst_rank) continue;
@@ -458,6 +572,7 @@ struct StateTransfer::Impl::Call {
     }
     Status done = mpi->wait_all();
     if (local.ok()) local = done;
+    if (local.ok()) local = copied;
     return comm::agree(local, w()).with_context("transfer");
   }
 
@@ -482,11 +597,14 @@ struct StateTransfer::Impl::Call {
   }
 
   Status exchange_round(int round);
+  int plan_rounds() const { return impl.plan.rounds; }
 
   // A padded destination: rows past the sources' shape are zero.
-  void zero_padding() {
-    if (!dst) return;
-    for (size_t i = 0; i < dst->size(); ++i) {
+  Status zero_padding() {
+    if (!dst) return Status::Ok();
+    std::vector<char> zeros;  // the source of device buffers' zeros
+    Status st;
+    for (size_t i = 0; i < dst->size() && st.ok(); ++i) {
       StateItem& it = dst->items()[i];
       const int64_t rows = impl.plan.source_rows[i];
       if (rows < 0 || it.global_shape.empty() || it.global_shape[0] <= rows) continue;
@@ -495,11 +613,18 @@ struct StateTransfer::Impl::Call {
         if (b.offset[0] + b.shape[0] <= rows) continue;
         const int64_t r0 = std::max<int64_t>(0, rows - b.offset[0]);
         const Box tail = sub_rows(b, r0, b.shape[0]);
-        planner::for_each_run(
-            tail, planner::Frame{tail, 0}, planner::frame_of(it.shard),
-            [&](int64_t, int64_t di, int64_t n) { std::memset(static_cast<char*>(it.data) + di * es, 0, n * es); });
+        char* base = static_cast<char*>(it.data);
+        if (dst_on_device[i]) zeros.resize(std::max<size_t>(zeros.size(), tail.volume() * es));
+        planner::for_each_run(tail, planner::Frame{tail, 0}, planner::frame_of(it.shard),
+                              [&](int64_t, int64_t di, int64_t n) {
+                                if (!dst_on_device[i]) std::memset(base + di * es, 0, n * es);
+                                else if (st.ok()) st = staging.copy_to_device(base + di * es, zeros.data(), n * es);
+                              });
       }
     }
+    if (zeros.empty()) return st;
+    Status done = staging.synchronize();
+    return st.ok() ? done : st;
   }
 
   // The new version's sums become the base of the next delta.
@@ -529,7 +654,7 @@ struct StateTransfer::Impl::Round {
         pack_at(c.np, UINT64_MAX),
         send_from(c.np, nullptr),
         direct(c.np, nullptr),
-        mpi(comm::make_mpi_transport(c.w())) {}
+        mpi(comm::make_mpi_transport(c.w(), 0)) {}  // bulk bytes: polled without sleeping
 
   Call& call;
   const int round;
@@ -540,10 +665,49 @@ struct StateTransfer::Impl::Round {
   // Unverified and in-place transfers receive straight into the destination where a piece is one
   // contiguous run of it in the source dtype (no staging, no copy after the check).
   std::vector<char*> direct;
+  // Device source pieces of this round, copied into impl.from_device: host items of their stream.
+  std::vector<std::optional<StateItem>> views;
+  uint64_t from_device_bytes = 0;
+  // A failed device copy fails the round at its agreement; every message is still posted, so no
+  // rank waits for one that never comes.
+  Status copied;
   std::unique_ptr<comm::Transport> mpi;
   Status local;
 
   bool in_round(size_t k) const { return (*call.pieces)[k].round == round; }
+  const StateItem& source(size_t k) const {
+    return views[k] ? *views[k] : call.src_item((*call.pieces)[k]);
+  }
+
+  // This round's device source pieces that move, whole, into host memory (counted as staging,
+  // as packed sends are in the plan's rounds).
+  void copy_device_sources() {
+    views.resize(call.np);
+    uint64_t bytes = 0;
+    std::vector<uint64_t> at(call.np, 0);
+    for (size_t k = 0; k < call.np; ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p)) continue;
+      at[k] = bytes;
+      bytes += p.bytes;
+    }
+    from_device_bytes = bytes;
+    if (bytes == 0) return;
+    if (call.impl.from_device.size() < bytes) call.impl.from_device.resize(bytes);
+    if (!call.device_ordered) {
+      copied = call.staging.order_after(call.options.device_stream);
+      call.device_ordered = true;
+    }
+    for (size_t k = 0; k < call.np; ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p)) continue;
+      char* host = call.impl.from_device.data() + at[k];
+      views[k] = host_view(call.src_item(p), p, host);  // never the device buffer, even after a failure
+      if (copied.ok()) copied = copy_piece_to_host(call.staging, call.src_item(p), p.box, host);
+    }
+    Status done = call.staging.synchronize();
+    if (copied.ok()) copied = done;
+  }
   char* landing(size_t k, uint64_t stage_offset, uint64_t run_begin) {
     return direct[k] ? direct[k] + run_begin : call.impl.stage.data() + stage_offset;
   }
@@ -554,14 +718,14 @@ struct StateTransfer::Impl::Round {
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || call.runs[k].empty()) continue;
-      if (p.dst_rank == me && (!call.options.verify || call.options.in_place))
+      if (p.dst_rank == me && (!call.options.verify || call.options.in_place) && !call.dst_device(p))
         direct[k] = contiguous_in(call.dst_item(p), p);
       if (p.dst_rank == me && !direct[k]) {
         stage_at[k] = stage_bytes;
         for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;
       }
       if (p.src_rank == me && p.dst_rank != me) {
-        send_from[k] = fault_armed(me, call.src_item(p).key) ? nullptr : contiguous_start(call.src_item(p), p.box);
+        send_from[k] = fault_armed(me, call.src_item(p).key) ? nullptr : contiguous_start(source(k), p.box);
         if (!send_from[k]) {
           pack_at[k] = pack_bytes;
           pack_bytes += p.bytes;
@@ -570,7 +734,8 @@ struct StateTransfer::Impl::Round {
     }
     if (call.impl.stage.size() < stage_bytes) call.impl.stage.resize(stage_bytes);
     if (call.impl.pack.size() < pack_bytes) call.impl.pack.resize(pack_bytes);
-    call.report.memory_peak_bytes = std::max(call.report.memory_peak_bytes, stage_bytes + pack_bytes);
+    call.report.memory_peak_bytes =
+        std::max(call.report.memory_peak_bytes, stage_bytes + pack_bytes + from_device_bytes);
   }
 
   // Receives first (sums sent after their data, then the data), then this rank's sends.
@@ -603,8 +768,7 @@ struct StateTransfer::Impl::Round {
       if (p.dst_rank == call.me) {  // to itself: straight into staging (or the destination)
         uint64_t at = stage_at[k];
         for (const Run& r : runs) {
-          gather_rows(call.src_item(p), p.box, r.begin / call.geo[k].row, r.end / call.geo[k].row,
-                      landing(k, at, r.begin));
+          gather_rows(source(k), p.box, r.begin / call.geo[k].row, r.end / call.geo[k].row, landing(k, at, r.begin));
           at += r.end - r.begin;
         }
         if (corrupt) (direct[k] ? direct[k][runs.front().begin] : stage[stage_at[k]]) ^= 0x01;
@@ -613,7 +777,7 @@ struct StateTransfer::Impl::Round {
       const char* base = send_from[k];
       if (!base) {
         char* out = call.impl.pack.data() + pack_at[k];
-        gather_rows(call.src_item(p), p.box, 0, rows_of(p.box), out);
+        gather_rows(source(k), p.box, 0, rows_of(p.box), out);
         if (corrupt) out[runs.front().begin] ^= 0x01;
         base = out;
       }
@@ -626,54 +790,110 @@ struct StateTransfer::Impl::Round {
 
   // While the data moves: the sums of this round's pieces (from the source buffers, not from a
   // packed copy), sent after their data.
+  // The pool's threads hash while this thread keeps MPI moving (bulk bytes advance only inside
+  // MPI calls); the sums go out once all are done.
   void send_sums_after() {
+    detail::WorkPool& pool = call.impl.workers(call.options.threads);
+    std::atomic<bool> hashed{false};
+    auto sums = pool.group([&hashed](const Status&) { hashed = true; });
+    for (size_t k = 0; k < call.np; ++k) {
+      const TransferPiece& p = (*call.pieces)[k];
+      if (in_round(k) && p.src_rank == call.me) submit_hashes(pool, sums, source(k), p, call.geo[k], call.fresh[k]);
+    }
+    pool.seal(sums);
+    const comm::Deadline deadline;
+    while (!hashed.load()) {
+      if (local.ok()) local = mpi->progress();
+      comm::check_deadline(deadline, "transfer (exchange)", call.w());
+      std::this_thread::yield();
+    }
+    (void)pool.wait(sums);
     for (size_t k = 0; k < call.np && local.ok(); ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.src_rank != call.me) continue;
-      call.fresh[k] = hash_piece(call.src_item(p), p, call.geo[k]);
-      if (p.dst_rank != call.me)
+      if (in_round(k) && p.src_rank == call.me && p.dst_rank != call.me)
         local = mpi->post_send(p.dst_rank, call.fresh[k].data(), call.geo[k].blocks * sizeof(uint64_t), kSumTag);
-      (void)mpi->progress();
     }
   }
 
   // Every received block checked before anything reaches the destination's buffers.
+  // Every received block checked before anything reaches the destination's buffers, on the
+  // pool's threads, kBlocksPerJob blocks (of one run) at a time.
   void check_received() {
-    for (size_t k = 0; k < call.np && local.ok(); ++k) {
+    if (!local.ok()) return;
+    detail::WorkPool& pool = call.impl.workers(call.options.threads);
+    auto checks = pool.group();
+    for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me) continue;
       const PieceGeometry& g = call.geo[k];
       uint64_t at = stage_at[k];
       for (const Run& r : call.runs[k]) {
-        for (uint64_t lo = r.begin; lo < r.end && local.ok(); lo += g.block_bytes) {
-          const uint64_t b = lo / g.block_bytes, n = std::min(r.end, lo + g.block_bytes) - lo;
+        for (uint64_t lo = r.begin; lo < r.end; lo += kBlocksPerJob * g.block_bytes) {
+          const uint64_t hi = std::min(r.end, lo + kBlocksPerJob * g.block_bytes);
           const char* held = landing(k, at + (lo - r.begin), lo);
-          const uint64_t got = storage::block_checksum(g.identity, b, held, n);
-          if (got != call.fresh[k][b])
-            local = Status(ErrorCode::kCorrupt,
-                           "key '" + call.key_of(p) + "': block " + std::to_string(b) + " of the piece at offset " +
-                               to_string_shape(p.box.offset) + " shape " + to_string_shape(p.box.shape) +
-                               " from source rank " + std::to_string(p.src_rank) +
-                               " does not match its checksum on destination rank " + std::to_string(call.me) +
-                               " (corrupted in flight); the destination keeps its previous version");
+          pool.submit(checks, [this, k, lo, hi, held] { return check_blocks(k, lo, hi, held); });
         }
         at += r.end - r.begin;
       }
     }
+    pool.seal(checks);
+    local = pool.wait(checks);
   }
 
-  // The staged bytes into the destination's buffers (converted to its dtype).
-  void commit() {
+  // Blocks of piece k's stream in [lo, hi) (whole blocks, or the piece's end), held at `held`.
+  Status check_blocks(size_t k, uint64_t lo, uint64_t hi, const char* held) const {
+    const TransferPiece& p = (*call.pieces)[k];
+    const PieceGeometry& g = call.geo[k];
+    for (uint64_t at = lo; at < hi; at += g.block_bytes) {
+      const uint64_t b = at / g.block_bytes, n = std::min(hi, at + g.block_bytes) - at;
+      if (storage::block_checksum(g.identity, b, held + (at - lo), n) == call.fresh[k][b]) continue;
+      return Status(ErrorCode::kCorrupt, "key '" + call.key_of(p) + "': block " + std::to_string(b) +
+                                             " of the piece at offset " + to_string_shape(p.box.offset) + " shape " +
+                                             to_string_shape(p.box.shape) + " from source rank " +
+                                             std::to_string(p.src_rank) + " does not match its checksum on " +
+                                             "destination rank " + std::to_string(call.me) +
+                                             " (corrupted in flight); the destination keeps its previous version");
+    }
+    return Status::Ok();
+  }
+
+  // The staged bytes into the destination's buffers (converted to its dtype); device buffers'
+  // copies complete before it returns.
+  Status commit() {
+    std::deque<std::vector<char>> converted;
+    bool uploads = false;
+    Status st;
+    detail::WorkPool& pool = call.impl.workers(call.options.threads);
+    auto copies = pool.group();  // host destinations: disjoint rows, copied in parallel
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || direct[k]) continue;
+      const uint64_t row = call.geo[k].row, rows_per_job = std::max<uint64_t>(1, kCopyJobBytes / row);
       uint64_t at = stage_at[k];
       for (const Run& r : call.runs[k]) {
-        scatter_rows(call.dst_item(p), p.src_dtype, p.box, r.begin / call.geo[k].row, r.end / call.geo[k].row,
-                     call.impl.stage.data() + at);
+        const int64_t r0 = r.begin / row, r1 = r.end / row;
+        const char* in = call.impl.stage.data() + at;
+        if (call.dst_device(p)) {
+          if (st.ok())
+            st = scatter_rows_to_device(call.staging, call.dst_item(p), p.src_dtype, p.box, r0, r1, in, converted);
+          uploads = true;
+        } else {
+          for (int64_t a = r0; a < r1; a += static_cast<int64_t>(rows_per_job)) {
+            const int64_t b = std::min<int64_t>(r1, a + static_cast<int64_t>(rows_per_job));
+            pool.submit(copies, [this, &p, a, b, in, r0, row] {
+              scatter_rows(call.dst_item(p), p.src_dtype, p.box, a, b, in + static_cast<uint64_t>(a - r0) * row);
+              return Status::Ok();
+            });
+          }
+        }
         at += r.end - r.begin;
       }
     }
+    pool.seal(copies);
+    (void)pool.wait(copies);
+    if (!uploads) return st;
+    Status done = call.staging.synchronize();
+    return st.ok() ? done : st;
   }
 };
 
@@ -681,6 +901,7 @@ struct StateTransfer::Impl::Round {
 Status StateTransfer::Impl::Call::exchange_round(int round) {
   PhaseScope scope("transfer", "exchange");
   Round r(*this, round);
+  r.copy_device_sources();
   r.place();
   const bool sums_after = hashed && !sums_first;
   r.post_receives(sums_after);
@@ -688,6 +909,7 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   if (sums_after) r.send_sums_after();
   Status done = r.mpi->wait_all();
   if (r.local.ok()) r.local = done;
+  if (r.local.ok()) r.local = r.copied;
   if (options.verify) r.check_received();
   Status agreed = comm::agree(r.local, w()).with_context("transfer version " + std::to_string(options.version));
   if (!agreed.ok()) {
@@ -700,9 +922,18 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   }
   const double t_commit = now_s();
   PhaseScope commit_scope("transfer", "commit");
-  r.commit();
+  Status committed = r.commit();
+  if (round == plan_rounds() - 1 && committed.ok()) committed = zero_padding();
+  if (commits_can_fail) {  // a failed device copy: every rank fails, the destination is partly new
+    committed = comm::agree(committed, w()).with_context("transfer version " + std::to_string(options.version) +
+                                                          " (writing device buffers)");
+    if (!committed.ok()) {
+      impl.have_version = false;
+      impl.sums.clear();
+    }
+  }
   commit_s += now_s() - t_commit;
-  return Status::Ok();
+  return committed;
 }
 
 Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDict* dst_in,
@@ -721,7 +952,6 @@ Result<TransferReport> StateTransfer::Impl::run(const StateDict* src_in, StateDi
   for (int round = 0; round < plan.rounds; ++round) {
     H5CKPT_RETURN_IF_ERROR(call.exchange_round(round));
   }
-  call.zero_padding();
   call.report.exchange_s = now_s() - t_ex - call.commit_s;
   call.report.commit_s = call.commit_s;
   return call.finish();
@@ -731,6 +961,11 @@ StateTransfer::StateTransfer(MPI_Comm world) : impl_(std::make_unique<Impl>()) {
   auto c = comm::Comm::duplicate(world);
   if (c.ok()) impl_->world = std::move(c).value();
   else impl_->init = c.status();
+  MPI_Comm node = MPI_COMM_NULL;  // ranks sharing this node share its cores
+  if (c.ok() && MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &impl_->ranks_here);
+    MPI_Comm_free(&node);
+  }
 }
 StateTransfer::~StateTransfer() = default;
 StateTransfer::StateTransfer(StateTransfer&&) noexcept = default;
