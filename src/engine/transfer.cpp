@@ -654,7 +654,7 @@ struct StateTransfer::Impl::Round {
         pack_at(c.np, UINT64_MAX),
         send_from(c.np, nullptr),
         direct(c.np, nullptr),
-        mpi(comm::make_mpi_transport(c.w(), 0)) {}  // bulk bytes: polled without sleeping
+        pending(c.np, 0) {}
 
   Call& call;
   const int round;
@@ -671,8 +671,26 @@ struct StateTransfer::Impl::Round {
   // A failed device copy fails the round at its agreement; every message is still posted, so no
   // rank waits for one that never comes.
   Status copied;
-  std::unique_ptr<comm::Transport> mpi;
+  // The round's messages, each with the piece whose arrival it completes (-1: a send); a piece's
+  // blocks are checked as soon as its data and sums are in, while the rest still moves.
+  std::vector<MPI_Request> requests;
+  std::vector<int64_t> request_piece;
+  std::vector<int> pending;  // per piece: receives not yet complete
   Status local;
+
+  void post(bool send, int peer, const char* data, uint64_t bytes, int tag, int64_t k) {
+    for (uint64_t off = 0; off < bytes && local.ok(); off += comm::chunk_limit()) {
+      const int n = static_cast<int>(std::min(comm::chunk_limit(), bytes - off));
+      MPI_Request req;
+      local = send ? comm::mpi_status(MPI_Isend(data + off, n, MPI_BYTE, peer, tag, call.w(), &req), "MPI_Isend")
+                   : comm::mpi_status(MPI_Irecv(const_cast<char*>(data) + off, n, MPI_BYTE, peer, tag, call.w(), &req),
+                                      "MPI_Irecv");
+      if (!local.ok()) break;
+      requests.push_back(req);
+      request_piece.push_back(send ? -1 : k);
+      if (!send) ++pending[k];
+    }
+  }
 
   bool in_round(size_t k) const { return (*call.pieces)[k].round == round; }
   const StateItem& source(size_t k) const {
@@ -744,14 +762,15 @@ struct StateTransfer::Impl::Round {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
       call.fresh[k].resize(call.geo[k].blocks);
-      local = mpi->post_recv(p.src_rank, call.fresh[k].data(), call.geo[k].blocks * sizeof(uint64_t), kSumTag);
+      post(false, p.src_rank, reinterpret_cast<const char*>(call.fresh[k].data()), call.geo[k].blocks * sizeof(uint64_t),
+           kSumTag, static_cast<int64_t>(k));
     }
     for (size_t k = 0; k < call.np && local.ok(); ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
       uint64_t at = stage_at[k];
       for (const Run& r : call.runs[k]) {
-        local = mpi->post_recv(p.src_rank, landing(k, at, r.begin), r.end - r.begin, kDataTag);
+        post(false, p.src_rank, landing(k, at, r.begin), r.end - r.begin, kDataTag, static_cast<int64_t>(k));
         at += r.end - r.begin;
         if (!local.ok()) break;
       }
@@ -782,62 +801,86 @@ struct StateTransfer::Impl::Round {
         base = out;
       }
       for (const Run& r : runs) {
-        local = mpi->post_send(p.dst_rank, base + r.begin, r.end - r.begin, kDataTag);
+        post(true, p.dst_rank, base + r.begin, r.end - r.begin, kDataTag, -1);
         if (!local.ok()) break;
       }
     }
   }
 
-  // While the data moves: the sums of this round's pieces (from the source buffers, not from a
-  // packed copy), sent after their data.
-  // The pool's threads hash while this thread keeps MPI moving (bulk bytes advance only inside
-  // MPI calls); the sums go out once all are done.
-  void send_sums_after() {
+  // Until every message of the round is done: the pool's threads hash this rank's source pieces
+  // (sums sent after their data) and check each received piece once its data and sums are in,
+  // while this thread keeps MPI moving (bulk bytes advance only inside MPI calls).
+  void drive(bool sums_after) {
     detail::WorkPool& pool = call.impl.workers(call.options.threads);
-    std::atomic<bool> hashed{false};
+    std::atomic<bool> hashed{!sums_after};
     auto sums = pool.group([&hashed](const Status&) { hashed = true; });
-    for (size_t k = 0; k < call.np; ++k) {
+    for (size_t k = 0; k < call.np && sums_after; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (in_round(k) && p.src_rank == call.me) submit_hashes(pool, sums, source(k), p, call.geo[k], call.fresh[k]);
     }
     pool.seal(sums);
+    auto checks = pool.group();
+    auto arrived = [&](size_t k) {  // all of piece k is here and its sums are known
+      if (call.options.verify && local.ok()) submit_checks(pool, checks, k);
+    };
+    auto own_pieces_arrived = [&] {  // sent to itself: ready once hashed
+      for (size_t k = 0; k < call.np; ++k) {
+        const TransferPiece& p = (*call.pieces)[k];
+        if (in_round(k) && p.dst_rank == call.me && p.src_rank == call.me) arrived(k);
+      }
+    };
+    bool sums_posted = !sums_after;
+    if (sums_posted) own_pieces_arrived();
     const comm::Deadline deadline;
-    while (!hashed.load()) {
-      if (local.ok()) local = mpi->progress();
+    std::vector<int> done;
+    while (true) {
+      if (!sums_posted && hashed.load()) {
+        (void)pool.wait(sums);
+        for (size_t k = 0; k < call.np && local.ok(); ++k) {
+          const TransferPiece& p = (*call.pieces)[k];
+          if (in_round(k) && p.src_rank == call.me && p.dst_rank != call.me)
+            post(true, p.dst_rank, reinterpret_cast<const char*>(call.fresh[k].data()),
+                 call.geo[k].blocks * sizeof(uint64_t), kSumTag, -1);
+        }
+        sums_posted = true;
+        own_pieces_arrived();
+      }
+      int count = MPI_UNDEFINED;
+      if (!requests.empty()) {
+        done.resize(requests.size());
+        Status st = comm::mpi_status(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count,
+                                                  done.data(), MPI_STATUSES_IGNORE),
+                                     "MPI_Testsome");
+        if (!st.ok()) {
+          if (local.ok()) local = st;
+          break;
+        }
+      }
+      for (int i = 0; i < count && count != MPI_UNDEFINED; ++i) {
+        const int64_t k = request_piece[done[i]];
+        if (k >= 0 && --pending[k] == 0) arrived(static_cast<size_t>(k));
+      }
+      if (count == MPI_UNDEFINED && sums_posted) break;
       comm::check_deadline(deadline, "transfer (exchange)", call.w());
       std::this_thread::yield();
     }
-    (void)pool.wait(sums);
-    for (size_t k = 0; k < call.np && local.ok(); ++k) {
-      const TransferPiece& p = (*call.pieces)[k];
-      if (in_round(k) && p.src_rank == call.me && p.dst_rank != call.me)
-        local = mpi->post_send(p.dst_rank, call.fresh[k].data(), call.geo[k].blocks * sizeof(uint64_t), kSumTag);
-    }
+    pool.seal(checks);
+    Status checked = pool.wait(checks);
+    if (local.ok()) local = checked;
   }
 
-  // Every received block checked before anything reaches the destination's buffers.
-  // Every received block checked before anything reaches the destination's buffers, on the
-  // pool's threads, kBlocksPerJob blocks (of one run) at a time.
-  void check_received() {
-    if (!local.ok()) return;
-    detail::WorkPool& pool = call.impl.workers(call.options.threads);
-    auto checks = pool.group();
-    for (size_t k = 0; k < call.np; ++k) {
-      const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.dst_rank != call.me) continue;
-      const PieceGeometry& g = call.geo[k];
-      uint64_t at = stage_at[k];
-      for (const Run& r : call.runs[k]) {
-        for (uint64_t lo = r.begin; lo < r.end; lo += kBlocksPerJob * g.block_bytes) {
-          const uint64_t hi = std::min(r.end, lo + kBlocksPerJob * g.block_bytes);
-          const char* held = landing(k, at + (lo - r.begin), lo);
-          pool.submit(checks, [this, k, lo, hi, held] { return check_blocks(k, lo, hi, held); });
-        }
-        at += r.end - r.begin;
+  // Piece k's received blocks, kBlocksPerJob (of one run) per job on the pool.
+  void submit_checks(detail::WorkPool& pool, const std::shared_ptr<detail::WorkPool::Group>& checks, size_t k) {
+    const PieceGeometry& g = call.geo[k];
+    uint64_t at = stage_at[k];
+    for (const Run& r : call.runs[k]) {
+      for (uint64_t lo = r.begin; lo < r.end; lo += kBlocksPerJob * g.block_bytes) {
+        const uint64_t hi = std::min(r.end, lo + kBlocksPerJob * g.block_bytes);
+        const char* held = landing(k, at + (lo - r.begin), lo);
+        pool.submit(checks, [this, k, lo, hi, held] { return check_blocks(k, lo, hi, held); });
       }
+      at += r.end - r.begin;
     }
-    pool.seal(checks);
-    local = pool.wait(checks);
   }
 
   // Blocks of piece k's stream in [lo, hi) (whole blocks, or the piece's end), held at `held`.
@@ -906,11 +949,8 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   const bool sums_after = hashed && !sums_first;
   r.post_receives(sums_after);
   r.post_sends();
-  if (sums_after) r.send_sums_after();
-  Status done = r.mpi->wait_all();
-  if (r.local.ok()) r.local = done;
+  r.drive(sums_after);
   if (r.local.ok()) r.local = r.copied;
-  if (options.verify) r.check_received();
   Status agreed = comm::agree(r.local, w()).with_context("transfer version " + std::to_string(options.version));
   if (!agreed.ok()) {
     // Earlier rounds committed, or bytes received in place: the destination holds no single version.
