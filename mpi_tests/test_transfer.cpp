@@ -20,7 +20,6 @@ using h5ckpt::testing::world_rank;
 using h5ckpt::testing::world_size;
 using namespace h5ckpt::testing::transfer;
 
-
 // The same ranks in two layouts: every (source, destination) pair of the reshard test, in memory.
 TEST(Transfer, OverlappingEveryLayoutPair) {
   const auto layouts = h5ckpt::testing::layouts_for(world_size());

@@ -225,6 +225,42 @@ TEST_F(DeviceTransfer, ConversionPaddingAndRoundsIntoDeviceBuffers) {
   s.free_device(pad_dev);
 }
 
+// Unverified full transfers of device pieces that are one contiguous run at both ends (rows
+// split over the trainer, rows split over the inference ranks) go device to device on the device
+// transport (the simulated device's; NCCL on a GPU, where every rank can set it up); verified
+// ones through host memory. Either way every element arrives.
+TEST_F(DeviceTransfer, UnhashedDevicePiecesGoOverTheDeviceTransport) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Halves h;
+  const int m = h.size();
+  const Layout mine{1, m, 1, true};  // ZeRO: flat ranges of every tensor, one run each
+  Topology t = make_topology(h.comm, mine);
+  StateTransfer x(MPI_COMM_WORLD);
+  for (bool verify : {false, true}) {
+    TestModel model(mine, t.coords(), h.source);
+    DeviceMirror dev(model.state(), all, true);
+    TransferOptions o;
+    o.delta = false;
+    o.verify = verify;
+    o.version = verify ? 2 : 1;
+    auto r = x.transfer(h.source ? &dev.state() : nullptr, h.source ? nullptr : &dev.state(), o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const bool linked = r->transport != "mpi";
+#ifndef H5CKPT_TRANSFER_ON_GPU
+    EXPECT_EQ(r->transport, "mpi+simulated-device");
+#endif
+    const uint64_t sent = sum_all(r->bytes_sent), on_device = sum_all(r->bytes_sent_device);
+    EXPECT_GT(sent, 0u);
+    if (!verify && linked) EXPECT_EQ(on_device, sent) << "every piece is one run at both ends";
+    else EXPECT_EQ(on_device, 0u) << (verify ? "verified pieces are checked on the host" : "no device transport");
+    if (!h.source) {
+      dev.download();
+      std::string first;
+      EXPECT_EQ(model.count_mismatches(&first), 0) << (verify ? "verified" : "unverified") << ": " << first;
+    }
+  }
+}
+
 #ifndef H5CKPT_TRANSFER_ON_GPU
 // Without a GPU runtime a declared device buffer is refused on every rank, naming the key.
 TEST(HostOnlyTransfer, DeviceBuffersAreRefusedWithoutAGpuRuntime) {

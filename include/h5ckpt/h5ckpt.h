@@ -262,6 +262,8 @@ typedef struct h5ckpt_transfer_options {
   int convert_dtype;     /* float-to-float conversion (1) */
   uint64_t memory_bytes; /* staging bound per rank; 0: none (0) */
   double timeout_s;      /* deadline of every wait (600); 0: none */
+  int threads;           /* threads per rank hashing, checking and copying; 0: cores / ranks on the node */
+  void* device_stream;   /* device buffers: the cudaStream_t read after; NULL: the whole device */
 } h5ckpt_transfer_options_t;
 
 typedef struct h5ckpt_transfer_report {
@@ -272,6 +274,7 @@ typedef struct h5ckpt_transfer_report {
   uint64_t blocks_received; /* checksum blocks received */
   uint64_t blocks_total;    /* checksum blocks of everything this rank receives */
   double total_s;
+  uint64_t bytes_sent_device; /* of bytes_sent: device to device (NCCL) */
 } h5ckpt_transfer_report_t;
 
 /* Duplicates `world`. Collective over it. Free before MPI_Finalize. */

@@ -53,7 +53,9 @@ struct TransferOptions {
   /// must be complete before the sources are read, as SaveOptions::device_stream. Null: the
   /// whole device is synchronized first. Device pieces move through host staging over MPI: the
   /// sums are computed and checked on host bytes, and the destination's device buffers are
-  /// written only after the agreement (copies complete before transfer() returns).
+  /// written only after the agreement (copies complete before transfer() returns). Without
+  /// verify and delta, pieces that are one contiguous run of device memory at both ends go
+  /// device to device over NCCL where every rank can set it up (TransferReport::transport).
   void* device_stream = nullptr;
   /// Threads per rank that hash, check and copy while the calling thread drives MPI; 0: the
   /// node's hardware threads shared by its ranks.
@@ -73,6 +75,10 @@ struct TransferReport {
   uint64_t blocks_total = 0;  ///< checksum blocks of every piece this rank receives
   uint64_t memory_peak_bytes = 0;
   std::vector<std::string> missing_keys;  ///< non-strict only
+  /// "mpi", or "mpi+nccl" once a device transport is set up: unhashed transfers (verify and
+  /// delta off) then move device pieces that are one contiguous run at both ends on it.
+  std::string transport = "mpi";
+  uint64_t bytes_sent_device = 0;  ///< of bytes_sent: over the device transport
   double plan_s = 0, checksum_s = 0, exchange_s = 0, commit_s = 0, total_s = 0;
 };
 

@@ -77,5 +77,4 @@ inline void expect_agreed_error(const Status& st, ErrorCode code, const std::str
   EXPECT_EQ(lo, hi) << "ranks returned different codes";
 }
 
-
 }  // namespace h5ckpt::testing::transfer

@@ -27,7 +27,12 @@ void bind_transfer(py::module_& m) {
       .def_readwrite("strict", &TransferOptions::strict)
       .def_readwrite("convert_dtype", &TransferOptions::convert_dtype)
       .def_readwrite("memory_bytes", &TransferOptions::memory_bytes)
-      .def_readwrite("timeout_s", &TransferOptions::timeout_s);
+      .def_readwrite("timeout_s", &TransferOptions::timeout_s)
+      .def_readwrite("threads", &TransferOptions::threads)
+      .def_property(
+          "device_stream", [](const TransferOptions& o) { return reinterpret_cast<uintptr_t>(o.device_stream); },
+          [](TransferOptions& o, uintptr_t s) { o.device_stream = reinterpret_cast<void*>(s); },
+          "device buffers: the CUDA stream (torch.cuda.current_stream().cuda_stream) read after; 0: the whole device");
   py::class_<TransferReport>(m, "TransferReport", "Per-call figures of this rank for a transfer.")
       .def_readonly("version", &TransferReport::version)
       .def_readonly("delta", &TransferReport::delta)
@@ -45,7 +50,9 @@ void bind_transfer(py::module_& m) {
       .def_readonly("checksum_s", &TransferReport::checksum_s)
       .def_readonly("exchange_s", &TransferReport::exchange_s)
       .def_readonly("commit_s", &TransferReport::commit_s)
-      .def_readonly("total_s", &TransferReport::total_s);
+      .def_readonly("total_s", &TransferReport::total_s)
+      .def_readonly("transport", &TransferReport::transport)
+      .def_readonly("bytes_sent_device", &TransferReport::bytes_sent_device);
   py::class_<PyStateTransfer>(m, "StateTransfer",
                               "Publishes live state between ranks in any layouts, without storage: a collective\n"
                               "over `comm` (mpi4py; None: COMM_WORLD) in which each rank passes its source state,\n"

@@ -500,6 +500,8 @@ void h5ckpt_transfer_options_init(h5ckpt_transfer_options_t* options) {
   options->convert_dtype = d.convert_dtype;
   options->memory_bytes = d.memory_bytes;
   options->timeout_s = d.timeout_s;
+  options->threads = d.threads;
+  options->device_stream = d.device_stream;
 }
 
 int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* source, h5ckpt_state_t* destination,
@@ -516,6 +518,8 @@ int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* sourc
       o.convert_dtype = options->convert_dtype != 0;
       o.memory_bytes = options->memory_bytes;
       o.timeout_s = options->timeout_s;
+      o.threads = options->threads;
+      o.device_stream = options->device_stream;
     }
     auto r =
         transfer->transfer.transfer(source ? &source->dict : nullptr, destination ? &destination->dict : nullptr, o);
@@ -527,6 +531,7 @@ int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* sourc
       out->blocks_received = r->blocks_received;
       out->blocks_total = r->blocks_total;
       out->total_s = r->total_s;
+      out->bytes_sent_device = r->bytes_sent_device;
     }
     return report(r.status());
   });

@@ -55,6 +55,7 @@ using planner::TransferPiece;
 
 constexpr int kSumTag = 0x7101;
 constexpr int kDataTag = 0x7102;
+constexpr int kDeviceTag = 0x7103;  // pieces on the device transport (its MPI stand-in shares the world)
 constexpr int kCoordinator = 0;
 // Work handed to the pool's threads at a time: a few verification blocks (about 1 MiB each).
 constexpr uint64_t kBlocksPerJob = 8;
@@ -134,6 +135,17 @@ void scatter_rows(StateItem& dst, DType src_dtype, const Box& box, int64_t r0, i
       });
 }
 
+// Where a box's row-major stream starts in a shard's buffer (in elements) when it is one
+// contiguous run there, else -1: geometry only, so it serves device buffers and the coordinator.
+int64_t one_run_start(const ShardSpec& shard, const Box& box) {
+  int runs = 0;
+  int64_t first = -1;
+  planner::for_each_run(box, planner::frame_of(shard), planner::Frame{box, 0}, [&](int64_t si, int64_t, int64_t) {
+    if (runs++ == 0) first = si;
+  });
+  return runs == 1 ? first : -1;
+}
+
 // The piece's start in the source buffer when its whole stream is one contiguous run there.
 const char* contiguous_start(const StateItem& src, const Box& box) {
   int runs = 0;
@@ -165,9 +177,10 @@ Status copy_piece_to_host(device::Staging& staging, const StateItem& src, const 
   const uint64_t es = dtype_size(src.dtype);
   const char* base = static_cast<const char*>(src.data);
   Status st;
-  planner::for_each_run(box, planner::frame_of(src.shard), planner::Frame{box, 0}, [&](int64_t si, int64_t di, int64_t n) {
-    if (st.ok()) st = staging.copy_to_host(host + di * es, base + si * es, n * es);
-  });
+  planner::for_each_run(box, planner::frame_of(src.shard), planner::Frame{box, 0},
+                        [&](int64_t si, int64_t di, int64_t n) {
+                          if (st.ok()) st = staging.copy_to_host(host + di * es, base + si * es, n * es);
+                        });
   return st;
 }
 
@@ -195,9 +208,10 @@ Status scatter_rows_to_device(device::Staging& staging, StateItem& dst, DType sr
   }
   char* base = static_cast<char*>(dst.data);
   Status st;
-  planner::for_each_run(sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard), [&](int64_t si, int64_t di, int64_t n) {
-    if (st.ok()) st = staging.copy_to_device(base + di * des, in + si * des, n * des);
-  });
+  planner::for_each_run(sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard),
+                        [&](int64_t si, int64_t di, int64_t n) {
+                          if (st.ok()) st = staging.copy_to_device(base + di * des, in + si * des, n * des);
+                        });
   return st;
 }
 
@@ -218,8 +232,8 @@ void hash_blocks(const StateItem& src, const TransferPiece& p, const PieceGeomet
 }
 
 // Queues the sums of a piece's blocks on `pool` into `out` (sized here), kBlocksPerJob at a time.
-void submit_hashes(detail::WorkPool& pool, const std::shared_ptr<detail::WorkPool::Group>& group,
-                   const StateItem& src, const TransferPiece& p, const PieceGeometry& g, std::vector<uint64_t>& out) {
+void submit_hashes(detail::WorkPool& pool, const std::shared_ptr<detail::WorkPool::Group>& group, const StateItem& src,
+                   const TransferPiece& p, const PieceGeometry& g, std::vector<uint64_t>& out) {
   out.assign(g.blocks, 0);
   for (uint64_t b0 = 0; b0 < g.blocks; b0 += kBlocksPerJob)
     pool.submit(group, [&src, &p, &g, &out, b0] {
@@ -249,26 +263,40 @@ std::string encode_items(const StateDict* src, const StateDict* dst) {
   ByteWriter w;
   w.put<uint64_t>(src ? src->size() : 0);
   if (src)
-    for (const auto& it : src->items()) put_desc(w, {it.key, it.dtype, it.global_shape, it.shard});
+    for (const auto& it : src->items()) {
+      put_desc(w, {it.key, it.dtype, it.global_shape, it.shard});
+      w.put<uint8_t>(device::is_device_item(it));
+    }
   w.put<uint64_t>(dst ? dst->size() : 0);
   if (dst)
     for (const auto& it : dst->items()) {
       put_desc(w, {it.key, it.dtype, it.global_shape, it.shard});
       w.put<uint8_t>(it.allow_shape_mismatch);
+      w.put<uint8_t>(device::is_device_item(it));
     }
   return std::move(w.str());
 }
 
-Status decode_items(const std::string& bytes, std::vector<planner::ItemDesc>* src,
-                    std::vector<planner::TransferWant>* dst) {
+// One rank's items, and which of them are device buffers.
+struct RankItems {
+  std::vector<planner::ItemDesc> src;
+  std::vector<planner::TransferWant> dst;
+  std::vector<char> src_device, dst_device;
+};
+
+Status decode_items(const std::string& bytes, RankItems* out) {
   ByteReader r(bytes);
   const uint64_t ns = r.get_count(16);
-  for (uint64_t i = 0; i < ns && r.ok(); ++i) src->push_back(get_desc(r));
+  for (uint64_t i = 0; i < ns && r.ok(); ++i) {
+    out->src.push_back(get_desc(r));
+    out->src_device.push_back(r.get<uint8_t>() != 0);
+  }
   const uint64_t nd = r.get_count(16);
   for (uint64_t i = 0; i < nd && r.ok(); ++i) {
     planner::TransferWant w{get_desc(r), false};
     w.pad = r.get<uint8_t>() != 0;
-    dst->push_back(std::move(w));
+    out->dst.push_back(std::move(w));
+    out->dst_device.push_back(r.get<uint8_t>() != 0);
   }
   if (!r.ok() || !r.at_end()) return Status(ErrorCode::kInternal, "malformed transfer request message");
   return Status::Ok();
@@ -278,14 +306,20 @@ Status decode_items(const std::string& bytes, std::vector<planner::ItemDesc>* sr
 // sources' rows, the number of rounds.
 struct RankPlan {
   std::vector<TransferPiece> pieces;
+  // Per piece: device buffer to device buffer, one contiguous run at both ends, same dtype,
+  // between two ranks: it may go over the device transport (unhashed transfers).
+  std::vector<char> device_ok;
+  bool any_device_ok = false;  // on any rank: the device transport is worth setting up
   std::vector<int> skipped;
   std::vector<int64_t> source_rows;
   int rounds = 1;
 };
 
-std::string encode_rank_plan(const planner::TransferPlan& plan, int rank, const std::vector<size_t>& mine) {
+std::string encode_rank_plan(const planner::TransferPlan& plan, int rank, const std::vector<size_t>& mine,
+                             const std::vector<char>& device_ok) {
   ByteWriter w;
   w.put<int32_t>(plan.rounds);
+  w.put<uint8_t>(std::count(device_ok.begin(), device_ok.end(), 1) > 0);
   w.put<uint64_t>(mine.size());
   for (size_t k : mine) {
     const TransferPiece& p = plan.pieces[k];
@@ -295,6 +329,7 @@ std::string encode_rank_plan(const planner::TransferPlan& plan, int rank, const 
     w.put<uint8_t>(static_cast<uint8_t>(p.src_dtype));
     w.put_vec(p.src_shape);
     w.put<uint64_t>(p.bytes);
+    w.put<uint8_t>(device_ok[k]);
   }
   w.put<uint64_t>(plan.skipped[rank].size());
   for (int s : plan.skipped[rank]) w.put<int32_t>(s);
@@ -306,6 +341,7 @@ Result<RankPlan> decode_rank_plan(const std::string& bytes) {
   RankPlan rp;
   ByteReader r(bytes);
   rp.rounds = r.get<int32_t>();
+  rp.any_device_ok = r.get<uint8_t>() != 0;
   const uint64_t n = r.get_count(20);
   for (uint64_t k = 0; k < n && r.ok(); ++k) {
     TransferPiece p;
@@ -320,6 +356,7 @@ Result<RankPlan> decode_rank_plan(const std::string& bytes) {
     p.src_shape = r.get_vec();
     p.bytes = r.get<uint64_t>();
     rp.pieces.push_back(std::move(p));
+    rp.device_ok.push_back(r.get<uint8_t>() != 0);
   }
   const uint64_t ns = r.get_count(4);
   for (uint64_t k = 0; k < ns && r.ok(); ++k) rp.skipped.push_back(r.get<int32_t>());
@@ -370,6 +407,10 @@ struct StateTransfer::Impl {
   std::vector<std::vector<uint64_t>> sums;
   // Staging reused between calls; `from_device`: device source pieces copied to host.
   std::vector<char> stage, pack, from_device;
+  // Device buffer to device buffer without host staging (NCCL; made once, when a plan first has
+  // such pieces, on every rank or none).
+  std::unique_ptr<comm::Transport> device_link;
+  bool device_tried = false;
   // Threads that hash, check and copy beside the thread driving MPI (made on first use).
   int ranks_here = 1;
   std::unique_ptr<detail::WorkPool> pool;
@@ -395,10 +436,12 @@ Status StateTransfer::Impl::make_plan(const StateDict* src, const StateDict* dst
   std::vector<std::string> parts;
   if (rank() == kCoordinator) {
     const size_t n = gathered.size();
+    std::vector<RankItems> items(n);
+    Status decoded;
+    for (size_t r = 0; r < n && decoded.ok(); ++r) decoded = decode_items(gathered[r], &items[r]);
     std::vector<std::vector<planner::ItemDesc>> sources(n);
     std::vector<std::vector<planner::TransferWant>> dests(n);
-    Status decoded;
-    for (size_t r = 0; r < n && decoded.ok(); ++r) decoded = decode_items(gathered[r], &sources[r], &dests[r]);
+    for (size_t r = 0; r < n; ++r) sources[r] = items[r].src, dests[r] = items[r].dst;
     planner::TransferPlanOptions po;
     po.strict = options.strict;
     po.convert_dtype = options.convert_dtype;
@@ -406,15 +449,22 @@ Status StateTransfer::Impl::make_plan(const StateDict* src, const StateDict* dst
     Result<planner::TransferPlan> plan = decoded;
     if (decoded.ok()) plan = planner::plan_transfer(sources, dests, po);
     std::vector<std::vector<size_t>> mine(n);
+    std::vector<char> device_ok;
     if (plan.ok())
       for (size_t k = 0; k < plan->pieces.size(); ++k) {
         const TransferPiece& p = plan->pieces[k];
         mine[p.src_rank].push_back(k);
         if (p.dst_rank != p.src_rank) mine[p.dst_rank].push_back(k);
+        const planner::ItemDesc& from = sources[p.src_rank][p.src_item];
+        const planner::ItemDesc& to = dests[p.dst_rank][p.dst_item].desc;
+        device_ok.push_back(p.src_rank != p.dst_rank && items[p.src_rank].src_device[p.src_item] &&
+                            items[p.dst_rank].dst_device[p.dst_item] && from.dtype == to.dtype &&
+                            one_run_start(from.shard, p.box) >= 0 && one_run_start(to.shard, p.box) >= 0);
       }
     for (size_t r = 0; r < n; ++r) {
-      Result<std::string> part = plan.ok() ? Result<std::string>(encode_rank_plan(*plan, static_cast<int>(r), mine[r]))
-                                           : Result<std::string>(plan.status());
+      Result<std::string> part =
+          plan.ok() ? Result<std::string>(encode_rank_plan(*plan, static_cast<int>(r), mine[r], device_ok))
+                    : Result<std::string>(plan.status());
       parts.push_back(engine::wire::encode_outcome(part));
     }
   }
@@ -462,7 +512,7 @@ struct StateTransfer::Impl::Call {
   // Device buffers, per item: their pieces go through host memory.
   device::Staging& staging = device::staging();
   std::vector<char> src_on_device, dst_on_device;
-  bool device_ordered = false;  // the caller's device work waited for (once, before the first read)
+  bool device_ordered = false;    // the caller's device work waited for (once, before the first read)
   bool commits_can_fail = false;  // some rank writes device buffers: commits are agreed too
 
   const StateItem& src_item(const TransferPiece& p) const { return src->items()[p.src_item]; }
@@ -510,12 +560,35 @@ struct StateTransfer::Impl::Call {
       impl.signature = sig;
     }
     report.plan_cached = cached != 0;
+    if (impl.plan.any_device_ok) H5CKPT_RETURN_IF_ERROR(link_devices().with_context("transfer"));
+    report.transport = impl.device_link ? std::string("mpi+") + impl.device_link->name() : "mpi";
     for (int s : impl.plan.skipped) report.missing_keys.push_back(dst->items()[s].key);
     report.rounds = impl.plan.rounds;
     pieces = &impl.plan.pieces;
     np = pieces->size();
     return Status::Ok();
   }
+
+  // Collective, once: the device transport, on every rank or none (then device pieces go through
+  // host memory over MPI, as verified ones always do).
+  Status link_devices() {
+    if (impl.device_tried) return Status::Ok();
+    impl.device_tried = true;
+    int have = staging.has_device();  // every rank must take part in the set-up, or none
+    H5CKPT_RETURN_IF_ERROR(comm::agree(Status::Ok(), w(), &have));
+    std::string why = "a rank has no GPU runtime";
+    std::unique_ptr<comm::Transport> link;
+    if (have) link = device::make_device_transport(w(), staging, &why);
+    int linked = link != nullptr;
+    H5CKPT_RETURN_IF_ERROR(comm::agree(Status::Ok(), w(), &linked));
+    if (linked) impl.device_link = std::move(link);
+    else if (me == 0)
+      logging::log().warn("transfer: no device transport ({}): device pieces go through host memory over MPI",
+                          why.empty() ? "another rank has none" : why);
+    return Status::Ok();
+  }
+  // Piece k goes over the device transport: an unhashed transfer of a device-to-device piece.
+  bool linked(size_t k) const { return impl.device_link && !hashed && impl.plan.device_ok[k]; }
 
   // A delta needs the same previous version, hashed, on every rank (and the plan unchanged).
   Status agree_delta() {
@@ -693,9 +766,7 @@ struct StateTransfer::Impl::Round {
   }
 
   bool in_round(size_t k) const { return (*call.pieces)[k].round == round; }
-  const StateItem& source(size_t k) const {
-    return views[k] ? *views[k] : call.src_item((*call.pieces)[k]);
-  }
+  const StateItem& source(size_t k) const { return views[k] ? *views[k] : call.src_item((*call.pieces)[k]); }
 
   // This round's device source pieces that move, whole, into host memory (counted as staging,
   // as packed sends are in the plan's rounds).
@@ -705,7 +776,8 @@ struct StateTransfer::Impl::Round {
     std::vector<uint64_t> at(call.np, 0);
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p)) continue;
+      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p) || call.linked(k))
+        continue;
       at[k] = bytes;
       bytes += p.bytes;
     }
@@ -718,7 +790,8 @@ struct StateTransfer::Impl::Round {
     }
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p)) continue;
+      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p) || call.linked(k))
+        continue;
       char* host = call.impl.from_device.data() + at[k];
       views[k] = host_view(call.src_item(p), p, host);  // never the device buffer, even after a failure
       if (copied.ok()) copied = copy_piece_to_host(call.staging, call.src_item(p), p.box, host);
@@ -735,7 +808,7 @@ struct StateTransfer::Impl::Round {
     uint64_t stage_bytes = 0, pack_bytes = 0;
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || call.runs[k].empty()) continue;
+      if (!in_round(k) || call.runs[k].empty() || call.linked(k)) continue;
       if (p.dst_rank == me && (!call.options.verify || call.options.in_place) && !call.dst_device(p))
         direct[k] = contiguous_in(call.dst_item(p), p);
       if (p.dst_rank == me && !direct[k]) {
@@ -762,12 +835,20 @@ struct StateTransfer::Impl::Round {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
       call.fresh[k].resize(call.geo[k].blocks);
-      post(false, p.src_rank, reinterpret_cast<const char*>(call.fresh[k].data()), call.geo[k].blocks * sizeof(uint64_t),
-           kSumTag, static_cast<int64_t>(k));
+      post(false, p.src_rank, reinterpret_cast<const char*>(call.fresh[k].data()),
+           call.geo[k].blocks * sizeof(uint64_t), kSumTag, static_cast<int64_t>(k));
     }
     for (size_t k = 0; k < call.np && local.ok(); ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
+      if (call.linked(k)) {  // device to device: straight into the destination's run
+        char* to = static_cast<char*>(call.dst_item(p).data) +
+                   one_run_start(call.dst_item(p).shard, p.box) * dtype_size(call.dst_item(p).dtype);
+        for (const Run& r : call.runs[k])
+          if (local.ok())
+            local = call.impl.device_link->post_recv(p.src_rank, to + r.begin, r.end - r.begin, kDeviceTag);
+        continue;
+      }
       uint64_t at = stage_at[k];
       for (const Run& r : call.runs[k]) {
         post(false, p.src_rank, landing(k, at, r.begin), r.end - r.begin, kDataTag, static_cast<int64_t>(k));
@@ -783,6 +864,16 @@ struct StateTransfer::Impl::Round {
       const TransferPiece& p = (*call.pieces)[k];
       const std::vector<Run>& runs = call.runs[k];
       if (!in_round(k) || p.src_rank != call.me || runs.empty()) continue;
+      if (call.linked(k)) {  // device to device, from the source's run
+        const char* from = static_cast<const char*>(call.src_item(p).data) +
+                           one_run_start(call.src_item(p).shard, p.box) * dtype_size(call.src_item(p).dtype);
+        for (const Run& r : runs) {
+          if (local.ok())
+            local = call.impl.device_link->post_send(p.dst_rank, from + r.begin, r.end - r.begin, kDeviceTag);
+          call.report.bytes_sent_device += r.end - r.begin;
+        }
+        continue;
+      }
       const bool corrupt = fault_armed(call.me, call.src_item(p).key);
       if (p.dst_rank == call.me) {  // to itself: straight into staging (or the destination)
         uint64_t at = stage_at[k];
@@ -848,9 +939,9 @@ struct StateTransfer::Impl::Round {
       int count = MPI_UNDEFINED;
       if (!requests.empty()) {
         done.resize(requests.size());
-        Status st = comm::mpi_status(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count,
-                                                  done.data(), MPI_STATUSES_IGNORE),
-                                     "MPI_Testsome");
+        Status st = comm::mpi_status(
+            MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count, done.data(), MPI_STATUSES_IGNORE),
+            "MPI_Testsome");
         if (!st.ok()) {
           if (local.ok()) local = st;
           break;
@@ -910,7 +1001,7 @@ struct StateTransfer::Impl::Round {
     auto copies = pool.group();  // host destinations: disjoint rows, copied in parallel
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.dst_rank != call.me || direct[k]) continue;
+      if (!in_round(k) || p.dst_rank != call.me || direct[k] || call.linked(k)) continue;
       const uint64_t row = call.geo[k].row, rows_per_job = std::max<uint64_t>(1, kCopyJobBytes / row);
       uint64_t at = stage_at[k];
       for (const Run& r : call.runs[k]) {
@@ -949,6 +1040,10 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   const bool sums_after = hashed && !sums_first;
   r.post_receives(sums_after);
   r.post_sends();
+  if (impl.device_link) {  // first, on every rank: its peers wait in it too (NCCL runs the group here)
+    Status linked = impl.device_link->wait_all();
+    if (r.local.ok()) r.local = linked;
+  }
   r.drive(sums_after);
   if (r.local.ok()) r.local = r.copied;
   Status agreed = comm::agree(r.local, w()).with_context("transfer version " + std::to_string(options.version));
@@ -965,8 +1060,8 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   Status committed = r.commit();
   if (round == plan_rounds() - 1 && committed.ok()) committed = zero_padding();
   if (commits_can_fail) {  // a failed device copy: every rank fails, the destination is partly new
-    committed = comm::agree(committed, w()).with_context("transfer version " + std::to_string(options.version) +
-                                                          " (writing device buffers)");
+    committed = comm::agree(committed, w())
+                    .with_context("transfer version " + std::to_string(options.version) + " (writing device buffers)");
     if (!committed.ok()) {
       impl.have_version = false;
       impl.sums.clear();
