@@ -169,19 +169,6 @@ char* contiguous_in(StateItem& dst, const TransferPiece& p) {
   return runs == 1 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
 }
 
-// Trades n bytes between two buffers, 8 bytes at a time where both allow.
-void swap_bytes(char* a, char* b, uint64_t n) {
-  uint64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t x, y;
-    std::memcpy(&x, a + i, 8);
-    std::memcpy(&y, b + i, 8);
-    std::memcpy(a + i, &y, 8);
-    std::memcpy(b + i, &x, 8);
-  }
-  for (; i < n; ++i) std::swap(a[i], b[i]);
-}
-
 // ---- Device buffers: pieces move through host memory (sums are computed and checked there) ----
 
 // Starts the copies of a piece's stream (its box, row-major) from a device source item into
@@ -980,50 +967,11 @@ struct StateTransfer::Impl::Round {
     for (const Run& r : call.runs[k]) {
       for (uint64_t lo = r.begin; lo < r.end; lo += kBlocksPerJob * g.block_bytes) {
         const uint64_t hi = std::min(r.end, lo + kBlocksPerJob * g.block_bytes);
-        char* held = landing(k, at + (lo - r.begin), lo);
-        pool.submit(checks, [this, k, lo, hi, held] {
-          Status st = check_blocks(k, lo, hi, held);
-          if (st.ok() && swapped_in(k)) swap_in(k, lo, hi, held);
-          return st;
-        });
+        const char* held = landing(k, at + (lo - r.begin), lo);
+        pool.submit(checks, [this, k, lo, hi, held] { return check_blocks(k, lo, hi, held); });
       }
       at += r.end - r.begin;
     }
-  }
-
-  // A staged piece of a host destination in its own dtype goes in as soon as its blocks check:
-  // staging and destination trade bytes, so staging keeps the previous version and a failed
-  // agreement trades them back (roll_back). The copy then overlaps the exchange.
-  bool swapped_in(size_t k) const {
-    const TransferPiece& p = (*call.pieces)[k];
-    return !direct[k] && !call.dst_device(p) && call.dst_item(p).dtype == p.src_dtype;
-  }
-  struct Swapped {
-    size_t k;
-    uint64_t lo, hi;
-    char* held;
-  };
-  std::mutex swapped_mu;
-  std::vector<Swapped> swapped;
-  void swap_in(size_t k, uint64_t lo, uint64_t hi, char* held) {
-    trade({k, lo, hi, held});
-    std::lock_guard<std::mutex> lock(swapped_mu);
-    swapped.push_back({k, lo, hi, held});
-  }
-  // The agreement failed: every piece swapped in goes back out (the destination's previous bytes).
-  void roll_back() {
-    for (const Swapped& w : swapped) trade(w);
-    swapped.clear();
-  }
-  void trade(const Swapped& w) {
-    const TransferPiece& p = (*call.pieces)[w.k];
-    StateItem& dst = call.dst_item(p);
-    const uint64_t row = call.geo[w.k].row, es = dtype_size(dst.dtype);
-    const Box sub = sub_rows(p.box, static_cast<int64_t>(w.lo / row), static_cast<int64_t>(w.hi / row));
-    char* base = static_cast<char*>(dst.data);
-    planner::for_each_run(
-        sub, planner::Frame{sub, 0}, planner::frame_of(dst.shard),
-        [&](int64_t si, int64_t di, int64_t n) { swap_bytes(base + di * es, w.held + si * es, n * es); });
   }
 
   // Blocks of piece k's stream in [lo, hi) (whole blocks, or the piece's end), held at `held`.
@@ -1054,7 +1002,6 @@ struct StateTransfer::Impl::Round {
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || direct[k] || call.linked(k)) continue;
-      if (call.options.verify && swapped_in(k)) continue;  // already in, swapped after its checks
       const uint64_t row = call.geo[k].row, rows_per_job = std::max<uint64_t>(1, kCopyJobBytes / row);
       uint64_t at = stage_at[k];
       for (const Run& r : call.runs[k]) {
@@ -1101,7 +1048,6 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   if (r.local.ok()) r.local = r.copied;
   Status agreed = comm::agree(r.local, w()).with_context("transfer version " + std::to_string(options.version));
   if (!agreed.ok()) {
-    r.roll_back();
     // Earlier rounds committed, or bytes received in place: the destination holds no single version.
     if (round > 0 || options.in_place) {
       impl.have_version = false;
