@@ -75,6 +75,7 @@ struct UniqueRegion {
   const ShardSpec* shard;
   int64_t begin, end;  // flat_span(*shard)
   uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
+  uint32_t tensor;     // its TensorAcc
 };
 
 // Of box and range: replicas hash alike.
@@ -120,7 +121,7 @@ struct TensorAcc {
   std::vector<uint32_t> box_slots;  // indices into boxes
 
   // The pool id of the region `shard`, added to the pool when new.
-  uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
+  uint32_t find_or_add(uint32_t tensor, const ShardSpec& shard, RegionPool& pool) {
     if (2 * (regions.size() + 1) > slots.size())
       rehash(slots, static_cast<uint32_t>(regions.size()), [&](uint32_t k) { return hash_of(pool[regions[k]]); });
     const uint64_t bh = box_hash(shard.box);
@@ -132,7 +133,7 @@ struct TensorAcc {
       if (k == kEmptySlot) {
         slots[i] = static_cast<uint32_t>(regions.size());
         regions.push_back(static_cast<uint32_t>(pool.size()));
-        pool.push_back(UniqueRegion{&shard, begin, end, box_id(shard.box, bh)});
+        pool.push_back(UniqueRegion{&shard, begin, end, box_id(shard.box, bh), tensor});
         return regions.back();
       }
       const UniqueRegion& known = pool[regions[k]];
@@ -254,6 +255,17 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
 
 namespace {
 
+// The scan reads each item's key, global shape and box, four heap blocks apart from the item
+// itself: asking for those of an item a few places ahead lets the cache misses (3.5 million
+// items at 8,960 ranks) overlap instead of each waiting for the one before.
+constexpr size_t kPrefetchAhead = 4;
+void prefetch(const ItemDesc& item) {
+  __builtin_prefetch(item.key.data());
+  __builtin_prefetch(item.global_shape.data());
+  __builtin_prefetch(item.shard.box.offset.data());
+  __builtin_prefetch(item.shard.box.shape.data());
+}
+
 // Positions 0..n-1 of `jobs` (anything with `bytes`) by bytes descending, equal bytes in
 // position order: a counting sort over the distinct sizes, sorted once.
 template <class Jobs>
@@ -309,6 +321,7 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     auto where = [&] { return " (rank " + std::to_string(r) + ")"; };
     const std::vector<ItemDesc>* before = r > 0 ? &ranks[r - 1] : nullptr;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
+      if (i + kPrefetchAhead < ranks[r].size()) prefetch(ranks[r][i + kPrefetchAhead]);
       const ItemDesc& it = ranks[r][i];
       const ItemDesc* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
       uint32_t t = kNone;
@@ -349,7 +362,7 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
           int64_t bytes = 0;
           if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
             return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
-          region = acc.find_or_add(it.shard, pool);
+          region = acc.find_or_add(t, it.shard, pool);
         }
       }
       region_of_item.push_back(region);
@@ -386,11 +399,15 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
   region_of_item = {};
   for (TensorAcc& acc : accs) acc.slots = acc.box_slots = {};
 
+  // Each tensor's plan without its regions, from its first declaration.
+  std::vector<TensorPlan> heads(accs.size());
+  for (size_t a = 0; a < accs.size(); ++a)
+    heads[a] = TensorPlan{accs[a].first->key, accs[a].first->dtype, accs[a].first->global_shape, {}};
+
   // Tensors sorted by key: every rank creates the datasets in this order.
   std::vector<uint32_t> by_key(accs.size());
   std::iota(by_key.begin(), by_key.end(), 0);
-  std::sort(by_key.begin(), by_key.end(),
-            [&](uint32_t a, uint32_t b) { return accs[a].first->key < accs[b].first->key; });
+  std::sort(by_key.begin(), by_key.end(), [&](uint32_t a, uint32_t b) { return heads[a].key < heads[b].key; });
 
   SavePlan plan;
   plan.bytes_by_rank.assign(ranks.size(), 0);
@@ -406,21 +423,24 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
   for (uint32_t a : by_key) {
     const TensorAcc& acc = accs[a];
     const TensorRegions regions{pool, acc.regions};
+    TensorPlan& tp = heads[a];
     H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
-        acc.first->key, acc.first->global_shape, regions, acc.boxes,
-        [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; }, scratch));
-    const int64_t es = static_cast<int64_t>(dtype_size(acc.first->dtype));  // numel * es checked in the scan
-    TensorPlan tp{acc.first->key, acc.first->dtype, acc.first->global_shape, {}};
+        tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; },
+        scratch));
+    const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
     tp.regions.reserve(regions.size());
-    for (size_t k = 0; k < regions.size(); ++k) {
-      const UniqueRegion& reg = regions[k];
-      jobs.push_back(Job{(reg.end - reg.begin) * es, acc.regions[k]});
-      // The shard's owner is one of the consumed items: casting the constness away is sound.
-      if (consumed) tp.regions.push_back(PlannedRegion{std::move(*const_cast<ShardSpec*>(reg.shard)), -1});
-      else tp.regions.push_back(PlannedRegion{*reg.shard, -1});
-    }
-    plan.tensors.push_back(std::move(tp));
+    for (size_t k = 0; k < regions.size(); ++k)
+      jobs.push_back(Job{(regions[k].end - regions[k].begin) * es, acc.regions[k]});
   }
+  // The regions into their tensors' plans in pool order (each tensor's in its own order): the
+  // shards are read in the order the ranks' items lie in memory, not jumping between them by key.
+  for (const UniqueRegion& reg : pool) {
+    std::vector<PlannedRegion>& into = heads[reg.tensor].regions;
+    // The shard's owner is one of the consumed items: casting the constness away is sound.
+    if (consumed) into.push_back(PlannedRegion{std::move(*const_cast<ShardSpec*>(reg.shard)), -1});
+    else into.push_back(PlannedRegion{*reg.shard, -1});
+  }
+  for (uint32_t a : by_key) plan.tensors.push_back(std::move(heads[a]));
 
   // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
   // holder (ties to the lowest rank). The order is a counting sort by size: region sizes are few
