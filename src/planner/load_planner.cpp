@@ -121,15 +121,19 @@ LoadPlan plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool dedu
   BulkVector<uint32_t> group_of(total);
   size_t ngroups = 0;
   if (deduplicate) {
-    // Rank by rank: its requests' hashes, then their groups, the slot of a request a few places
-    // ahead fetched while the current one is probed.
+    // Rank by rank: its requests' hashes (each signature its own heap block, fetched a few
+    // requests ahead), then their groups, the slot of a request a few places ahead fetched while
+    // the current one is probed.
     constexpr size_t kAhead = 8;
     SignatureGroups groups(total);
     std::vector<uint64_t> hashes;
     size_t k = 0;
     for (const auto& requests : ranks) {
       hashes.resize(requests.size());
-      for (size_t i = 0; i < requests.size(); ++i) hashes[i] = signature_hash(requests[i].signature);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (i + kAhead < requests.size()) __builtin_prefetch(requests[i + kAhead].signature.data());
+        hashes[i] = signature_hash(requests[i].signature);
+      }
       groups.reserve_more(requests.size());
       for (size_t i = 0; i < requests.size(); ++i) {
         if (i + kAhead < requests.size()) groups.prefetch(hashes[i + kAhead]);
