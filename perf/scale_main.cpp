@@ -606,9 +606,11 @@ int main(int argc, char** argv) {
   t0 = now_s();
   c0 = cpu_s();
   const planner::LoadPlan load_plan = planner::plan_load(requests, /*deduplicate=*/true);
+  const double c1 = cpu_s();
   const auto roles = planner::assign_roles(load_plan, item_of, counts);
   out["load_coordinator_s"] = now_s() - t0;
   out["load_coordinator_cpu_s"] = cpu_s() - c0;
+  out["load_coordinator_breakdown_cpu_s"] = {{"plan_load", c1 - c0}, {"assign_roles", cpu_s() - c1}};
   out["load_roles_digest"] = roles_digest(load_plan, roles);
   out["load_requests"] = nrequests;
   out["load_groups"] = load_plan.groups.size();

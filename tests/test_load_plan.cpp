@@ -377,6 +377,78 @@ TEST(LoadPlan, RequestsDifferWhenAnythingThatChangesTheBytesDiffers) {
   EXPECT_EQ(make_request(base).bytes, 4u * 8 * 4);
 }
 
+// plan_load written out plainly: groups by signature in a std::map in order of first appearance,
+// members in request order, worst-fit by a stable sort.
+LoadPlan reference_plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool dedup) {
+  LoadPlan plan;
+  std::map<std::string, size_t> group_of;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (size_t i = 0; i < ranks[r].size(); ++i) {
+      const LoadRequest& q = ranks[r][i];
+      auto [it, fresh] = group_of.try_emplace(q.signature, plan.groups.size());
+      if (!dedup || fresh) plan.groups.push_back(LoadGroup{{}, -1, q.bytes});
+      plan.groups[dedup ? it->second : plan.groups.size() - 1].members.push_back(
+          {static_cast<int>(r), static_cast<int>(i)});
+    }
+  plan.read_bytes_by_rank.assign(ranks.size(), 0);
+  std::vector<size_t> order(plan.groups.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return plan.groups[a].bytes > plan.groups[b].bytes; });
+  for (size_t g : order) {
+    LoadGroup& grp = plan.groups[g];
+    for (const auto& m : grp.members)
+      if (grp.reader < 0 || plan.read_bytes_by_rank[m.rank] < plan.read_bytes_by_rank[grp.reader]) grp.reader = m.rank;
+    plan.read_bytes_by_rank[grp.reader] += grp.bytes;
+  }
+  return plan;
+}
+
+TEST(LoadPlan, GroupsEqualAPlainReferenceOnManyRequests) {
+  // 64 ranks, 300 requests each, over 2,500 signatures of 1 to 300 bytes (the table grows several
+  // times; short signatures and lengths that are not a multiple of 8 take the hash's tail), some
+  // wanted twice by one rank, a few differing from another only in their last byte.
+  std::vector<std::string> signatures;
+  uint64_t x = 88172645463325252ull;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int s = 0; s < 2500; ++s) {
+    std::string sig(1 + next() % 300, '\0');
+    for (char& c : sig) c = static_cast<char>(next());
+    signatures.push_back(sig);
+    if (s % 50 == 0) {
+      sig.back() = static_cast<char>(sig.back() + 1);
+      signatures.push_back(sig);
+    }
+  }
+  std::vector<std::vector<LoadRequest>> ranks(64);
+  for (auto& requests : ranks)
+    for (int i = 0; i < 300; ++i) {
+      const std::string& sig = signatures[next() % signatures.size()];
+      requests.push_back(LoadRequest{sig, 1 + std::hash<std::string>{}(sig) % 4096});
+    }
+  for (bool dedup : {true, false}) {
+    const LoadPlan got = plan_load(ranks, dedup), want = reference_plan_load(ranks, dedup);
+    ASSERT_EQ(got.groups.size(), want.groups.size()) << "dedup " << dedup;
+    if (dedup) EXPECT_GT(want.groups.size(), 2000u);  // most signatures were wanted, many more than once
+    for (size_t g = 0; g < want.groups.size(); ++g) {
+      const LoadGroup &a = got.groups[g], &b = want.groups[g];
+      EXPECT_EQ(a.bytes, b.bytes) << "group " << g;
+      EXPECT_EQ(a.reader, b.reader) << "group " << g;
+      ASSERT_EQ(a.members.size(), b.members.size()) << "group " << g;
+      for (size_t m = 0; m < a.members.size(); ++m) {
+        EXPECT_EQ(a.members[m].rank, b.members[m].rank) << "group " << g << " member " << m;
+        EXPECT_EQ(a.members[m].item, b.members[m].item) << "group " << g << " member " << m;
+      }
+    }
+    EXPECT_EQ(got.read_bytes_by_rank, want.read_bytes_by_rank);
+  }
+}
+
 TEST(SavePlan, WritesSplitLargeRegionsIntoConsecutivePieces) {
   // One rank holding a [10, 10] f32 tensor, pieces of at most 120 bytes (30 elements).
   const std::vector<std::vector<ItemDesc>> ranks{

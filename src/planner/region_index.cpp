@@ -47,9 +47,11 @@ void RegionIndex::add(const ShardSpec& shard) {
 }
 
 void RegionIndex::build() {
-  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+  auto before = [](const Entry& a, const Entry& b) {
     return a.first != b.first ? a.first < b.first : a.region < b.region;
-  });
+  };
+  // Regions usually come in that order already (row blocks, or the flat ranges of one box).
+  if (!std::is_sorted(entries_.begin(), entries_.end(), before)) std::sort(entries_.begin(), entries_.end(), before);
   size_t leaves = 1;
   while (leaves < entries_.size()) leaves *= 2;
   max_end_.assign(2 * leaves, INT64_MIN);
