@@ -429,6 +429,29 @@ TEST_F(LocalLevel, FailedLocalSaveLeavesThePreviousOneSelected) {
   expect_loads(ck, layout_a(), shared, 7);
 }
 
+// A file that cannot be cut to its size (the save overwrote a longer spare file in place) fails
+// the save on every rank, naming the call and the file; the previous checkpoint stays selected.
+TEST_F(LocalLevel, FileThatCannotBeCutFailsTheSave) {
+  Topology t = topology(layout_a());
+  Checkpointer ck(t, opts);
+  ASSERT_TRUE(save(ck, layout_a(), 7).ok());
+  const int victim = world_size() - 1;
+  ASSERT_EQ(setenv("H5CKPT_FAULT", ("op=ftruncate,rank=" + std::to_string(victim) + ",errno=EIO").c_str(), 1), 0);
+  ASSERT_TRUE(storage::io::reload_faults_for_testing().ok());
+  auto rep = save(ck, layout_a(), 8);
+  unsetenv("H5CKPT_FAULT");
+  ASSERT_TRUE(storage::io::reload_faults_for_testing().ok());
+  ASSERT_FALSE(rep.ok());
+  const std::string msg = rep.status().to_string();
+  EXPECT_NE(msg.find("ftruncate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank-" + std::to_string(victim) + ".bin"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(node_dir(my_node()) + "/step-8"));
+  auto res = ck.resolve(shared);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->info.step, 7);
+  expect_loads(ck, layout_a(), shared, 7);
+}
+
 TEST_F(LocalLevel, MissingKeyAndWrongShapeAreClearErrors) {
   Topology t = topology(layout_a());
   Checkpointer ck(t, opts);
