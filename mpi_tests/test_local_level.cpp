@@ -5,6 +5,7 @@
 // disk would be. Values are a pure function of (key, global index) (support/test_model.h), plus
 // a replicated "extra/saved_step" that tells the checkpoints of different steps apart.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -319,6 +320,94 @@ TEST_F(LocalLevel, AsyncSavePersistsEveryKthStepFromTheLocalCopy) {
   expect_loads(ck, layout_a(), shared, 4);
 }
 
+// Retention keeps the checkpoint it drops as the spare, whose files the next save overwrites in
+// place (the same inodes) and cuts to their new, shorter size; the spare is never listed, and the
+// partner copies, recycled and cut too, serve a lost node with the newest values.
+TEST_F(LocalLevel, SpareFilesAreOverwrittenInPlaceAndCutToSize) {
+  opts.local_keep = 1;
+  Topology t = topology(layout_a());
+  Checkpointer ck(t, opts);
+  // Steps 1 and 2 carry a padding blob (its bytes differ per step) that step 3 lacks: step 3's
+  // files are shorter than the spare's, and every offset after the blob holds other bytes.
+  std::vector<uint8_t> padding(3000);
+  auto save_with = [&](int64_t step, bool padded) {
+    Saved s(layout_a(), true, step);
+    for (size_t i = 0; i < padding.size(); ++i) padding[i] = static_cast<uint8_t>(i * 7 + step);
+    if (padded)
+      s.state().add(
+          "extra/a_padding", DType::kU8, {static_cast<int64_t>(padding.size()) * world_size()},
+          ShardSpec::split({static_cast<int64_t>(padding.size()) * world_size()}, 0, world_size(), world_rank()),
+          padding.data());
+    SaveOptions so;
+    so.step = step;
+    return ck.save(s.state(), step_path(step), so);
+  };
+  ASSERT_TRUE(save_with(1, true).ok());
+  MPI_Barrier(MPI_COMM_WORLD);  // the node leaders' retention runs after the others return
+  const std::string mine = storage::local_rank_file(world_rank());
+  struct stat first {};
+  ASSERT_EQ(::stat((node_dir(my_node()) + "/step-1/" + mine).c_str(), &first), 0);
+  ASSERT_TRUE(save_with(2, true).ok());
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string spare = node_dir(my_node()) + "/" + storage::kLocalSpareName;
+  EXPECT_FALSE(fs::exists(node_dir(my_node()) + "/step-1"));
+  EXPECT_TRUE(fs::exists(spare + "/" + mine)) << "retention keeps the dropped checkpoint's files as the spare";
+  EXPECT_FALSE(fs::exists(spare + "/" + storage::kLocalManifestName)) << "the spare must not look like a checkpoint";
+  for (const auto& e : storage::list_local_checkpoints(node_dir(my_node()), ""))
+    EXPECT_EQ(e.name, "step-2") << "only the kept checkpoint is listed";
+  std::error_code size_ec;
+  const uint64_t spare_size = fs::file_size(spare + "/" + mine, size_ec);
+  EXPECT_FALSE(size_ec) << size_ec.message();
+  MPI_Barrier(MPI_COMM_WORLD);  // every node has looked at its spare before the next save takes it
+  ASSERT_TRUE(save_with(3, false).ok());
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string third = node_dir(my_node()) + "/step-3/" + mine;
+  struct stat now {};
+  ASSERT_EQ(::stat(third.c_str(), &now), 0);
+  EXPECT_EQ(now.st_ino, first.st_ino) << "step 3 wrote a new file instead of the spare's";
+  EXPECT_LT(static_cast<uint64_t>(now.st_size), spare_size) << "the test needs a shorter file";
+  // The loads read step 3's values and sizes: the files were cut (a longer file fails resolution).
+  auto res = ck.resolve(shared);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->level, "local") << res->reason;
+  EXPECT_EQ(res->info.step, 3);
+  expect_loads(ck, layout_a(), shared, 3);
+  if (node_count() < 2) return;
+  lose_node(node_count() - 1);  // served from the recycled partner copies
+  res = ck.resolve(shared);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->level, "local") << res->reason;
+  EXPECT_NE(res->reason.find("from partner copies"), std::string::npos) << res->reason;
+  expect_loads(ck, layout_a(), shared, 3);
+}
+
+// Under memory_bytes the partner streams go in chunks of a quarter of the budget over the window's
+// slots (here 1 KiB: one partner, four slots; files of several chunks), leased from the budget
+// with the rest of the save.
+TEST_F(LocalLevel, PartnerCopiesStreamInChunksWithinTheBudget) {
+  if (node_count() < 2) GTEST_SKIP() << "one node: no partner copies";
+  opts.memory_bytes = 16 << 10;
+  Topology t = topology(layout_a());
+  Checkpointer ck(t, opts);
+  for (int64_t step = 1; step <= 2; ++step) {
+    ck.reset_memory_peak();
+    auto rep = save(ck, layout_a(), step);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    EXPECT_LE(ck.memory_peak_bytes(), opts.memory_bytes);
+    EXPECT_GT(ck.memory_peak_bytes(), 0u) << "the window was not leased from the budget";
+    EXPECT_GT(fs::file_size(node_dir(my_node()) + "/step-" + std::to_string(step) + "/" +
+                            storage::local_rank_file(world_rank())),
+              uint64_t{2 * 1024})
+        << "the test needs streams of several chunks";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  lose_node(node_count() - 1);
+  auto res = ck.resolve(shared);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_NE(res->reason.find("from partner copies"), std::string::npos) << res->reason;
+  expect_loads(ck, layout_a(), shared, 2);
+}
+
 TEST_F(LocalLevel, FailedLocalSaveLeavesThePreviousOneSelected) {
   Topology t = topology(layout_a());
   Checkpointer ck(t, opts);
@@ -334,6 +423,29 @@ TEST_F(LocalLevel, FailedLocalSaveLeavesThePreviousOneSelected) {
   EXPECT_NE(rep.status().to_string().find("No space left"), std::string::npos) << rep.status().to_string();
   EXPECT_FALSE(fs::exists(node_dir(my_node()) + "/step-8"));
   EXPECT_FALSE(fs::exists(storage::local_partial_dir(node_dir(my_node()), "step-8"))) << "the partial save is removed";
+  auto res = ck.resolve(shared);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->info.step, 7);
+  expect_loads(ck, layout_a(), shared, 7);
+}
+
+// A file that cannot be cut to its size (the save overwrote a longer spare file in place) fails
+// the save on every rank, naming the call and the file; the previous checkpoint stays selected.
+TEST_F(LocalLevel, FileThatCannotBeCutFailsTheSave) {
+  Topology t = topology(layout_a());
+  Checkpointer ck(t, opts);
+  ASSERT_TRUE(save(ck, layout_a(), 7).ok());
+  const int victim = world_size() - 1;
+  ASSERT_EQ(setenv("H5CKPT_FAULT", ("op=ftruncate,rank=" + std::to_string(victim) + ",errno=EIO").c_str(), 1), 0);
+  ASSERT_TRUE(storage::io::reload_faults_for_testing().ok());
+  auto rep = save(ck, layout_a(), 8);
+  unsetenv("H5CKPT_FAULT");
+  ASSERT_TRUE(storage::io::reload_faults_for_testing().ok());
+  ASSERT_FALSE(rep.ok());
+  const std::string msg = rep.status().to_string();
+  EXPECT_NE(msg.find("ftruncate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank-" + std::to_string(victim) + ".bin"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(node_dir(my_node()) + "/step-8"));
   auto res = ck.resolve(shared);
   ASSERT_TRUE(res.ok()) << res.status().to_string();
   EXPECT_EQ(res->info.step, 7);

@@ -102,7 +102,8 @@ Result<SaveReport> Checkpointer::save(const StateDict& state, const std::string&
   impl_->resolved.reset();
   H5CKPT_ASSIGN_OR_RETURN(engine::SaveJob job,
                           impl_->level->prepare_save(state, path, options, impl_->attributes, impl_->plan_cache));
-  auto source = engine::caller_source(impl_->comms(), job, state, options, impl_->options, impl_->pool);
+  auto source = engine::caller_source(impl_->comms(), job, state, options, impl_->options, impl_->pool,
+                                      impl_->level->save_buffer_bytes());
   return impl_->level->save(impl_->comms(), job, *source);
 }
 

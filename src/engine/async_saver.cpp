@@ -102,7 +102,7 @@ struct SnapshotPlan {
 
 // Sizes the pool for this rank's pieces and plans them to fit it.
 SnapshotPlan plan_snapshot(int rank, const SaveJob& job, const StateDict& state, const CheckpointerOptions& options,
-                           StagingPool& pool) {
+                           StagingPool& pool, uint64_t beside) {
   SnapshotPlan p;
   auto writes = plan_my_writes(rank, job, state, options.max_piece_bytes);
   uint64_t mine = 0, element = 1;
@@ -114,8 +114,13 @@ SnapshotPlan plan_snapshot(int rank, const SaveJob& job, const StateDict& state,
   // space that can never exist, so the pool holds at least one element of the widest dtype.
   p.wanted = std::max(options.staging_bytes ? options.staging_bytes : mine, element);
   // Under a memory budget the pool is the whole of an async save's memory: at most the budget
-  // (kMinMemoryBytes holds an element of every dtype), and the snapshot streams through it.
-  if (options.memory_bytes) p.wanted = std::max(element, std::min<uint64_t>(p.wanted, options.memory_bytes));
+  // (kMinMemoryBytes holds an element of every dtype), and the snapshot streams through it. The
+  // level's own buffers (`beside`: the local level's partner-copy window) take their share first.
+  if (options.memory_bytes) {
+    const uint64_t for_pool = options.memory_bytes - std::min(beside, options.memory_bytes);
+    p.wanted = std::max(element, std::min<uint64_t>(p.wanted, for_pool));
+    if (beside) pool.shrink_to(p.wanted);  // a pool a load grew would leave the level no room
+  }
   pool.reserve(p.wanted);
   // Without its pool (allocation failed) this rank does not snapshot: it hands the writer its
   // buffers and returns once they are written, which is correct, only not asynchronous.
@@ -314,7 +319,7 @@ Result<SaveHandle> AsyncSaver::start(const StateDict& state, const std::string& 
   auto job = std::make_shared<SaveJob>(std::move(prepared));
   job->report.async = true;
 
-  const SnapshotPlan plan = plan_snapshot(topo_.world.rank(), *job, state, options_, pool_);
+  const SnapshotPlan plan = plan_snapshot(topo_.world.rank(), *job, state, options_, pool_, level.save_buffer_bytes());
   auto st = std::make_shared<SaveHandle::State>();
   auto source = std::make_shared<StagedSource>(pool_, plan.staged, plan.after_snapshot);
   if (!plan.planned.ok()) source->fail(plan.planned);  // a planning bug fails the write phase everywhere

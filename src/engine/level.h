@@ -42,6 +42,10 @@ class Level {
   virtual Result<SaveJob> prepare_save(const StateDict& state, const std::string& path, const SaveOptions& options,
                                        const std::map<std::string, std::string>& attributes, PlanCache& cache) = 0;
 
+  /// Bytes of the budget the level's save leases beside the staging pool (known after a
+  /// prepare_save; 0 without memory_bytes): the pool is sized to leave them.
+  virtual uint64_t save_buffer_bytes() const { return 0; }
+
   /// Everything after the prepare: the job's bytes from `source` (drained in every case) to the
   /// commit. Collective over `io` (the caller's communicators, or the async thread's duplicates).
   virtual Result<SaveReport> save(const Topology::Impl& io, SaveJob& job, WriteSource& source) = 0;
@@ -63,9 +67,10 @@ std::unique_ptr<Level> make_level(const LevelContext& ctx);
 
 /// The caller's buffers as a save's source: device pieces go through two halves of the pool
 /// (bounded by staging_bytes and memory_bytes), after the trainer's queued device work on
-/// `options.device_stream`. The same for every level and for synchronous saves.
+/// `options.device_stream`. The same for every level and for synchronous saves. Under memory_bytes
+/// the pool leaves `beside` bytes of the budget to the level (Level::save_buffer_bytes).
 std::unique_ptr<WriteSource> caller_source(const Topology::Impl& topo, const SaveJob& job, const StateDict& state,
                                            const SaveOptions& options, const CheckpointerOptions& copts,
-                                           StagingPool& pool);
+                                           StagingPool& pool, uint64_t beside = 0);
 
 }  // namespace h5ckpt::engine

@@ -5,6 +5,7 @@
 
 #include "device/staging.h"
 #include "engine/level.h"
+#include "engine/replica_stream.h"
 #include "logging/log.h"
 #include "storage/commit.h"
 #include "storage/local_store.h"
@@ -13,12 +14,16 @@ namespace h5ckpt::engine {
 
 std::unique_ptr<WriteSource> caller_source(const Topology::Impl& topo, const SaveJob& job, const StateDict& state,
                                            const SaveOptions& options, const CheckpointerOptions& copts,
-                                           StagingPool& pool) {
+                                           StagingPool& pool, uint64_t beside) {
   const bool any_device = has_device_items(state);
   // Device pieces are bounded by half the pool (or kDeviceHalfBytes when the pool is unbounded).
   constexpr uint64_t kDeviceHalfBytes = 64ull << 20;
   uint64_t bound = copts.staging_bytes ? copts.staging_bytes / 2 : kDeviceHalfBytes;
-  if (copts.memory_bytes) bound = std::min<uint64_t>(bound, copts.memory_bytes / 2);  // both halves fit the budget
+  if (copts.memory_bytes) {  // both halves fit the budget, beside the level's own buffers
+    const uint64_t for_pool = copts.memory_bytes - std::min(beside, copts.memory_bytes);
+    bound = std::min<uint64_t>(bound, for_pool / 2);
+    if (beside) pool.shrink_to(for_pool);  // a pool a load grew would leave the level no room
+  }
   const uint64_t half = any_device ? std::max<uint64_t>(1, std::min<uint64_t>(copts.max_piece_bytes, bound)) : 0;
   auto writes = plan_my_writes(topo.world.rank(), job, state, half ? half : copts.max_piece_bytes);
   // The snapshot must see the state as it is once the trainer's queued device work is done.
@@ -94,6 +99,14 @@ class LocalLevel final : public Level {
     l->name = std::filesystem::path(job.path).filename().string();
     l->persist = persist;
     l->check_private = true;  // every save: two agreements, and a disk mounted late is caught too
+    l->window = &window_;
+    l->budget = ctx_.pool.budget();
+    if (ctx_.options.memory_bytes) {  // the pool is then sized to leave the window its share
+      const int me = ctx_.comms.world.rank(), k = ctx_.options.local_replicas;
+      const uint64_t most = local::replica_chunk_bytes(*nodes_, k, ctx_.options.memory_bytes);
+      window_bytes_ = local::ReplicaWindow::bytes_for(
+          most, std::vector<uint64_t>(local::replica_origins(*nodes_, me, k).size(), most));
+    }
     auto w = plan_my_writes(ctx_.comms.world.rank(), job, state, local::kPersistPiece);
     if (w.ok()) {  // a failure shows in the local write first
       for (const auto& x : *w) l->my_bytes += x.bytes;
@@ -103,10 +116,16 @@ class LocalLevel final : public Level {
     return job;
   }
 
+  uint64_t save_buffer_bytes() const override { return window_bytes_; }
+
   Result<SaveReport> save(const Topology::Impl& io, SaveJob& job, WriteSource& source) override {
     auto* l = static_cast<local::LocalSave*>(job.level_state.get());
     if (!l) return Status(ErrorCode::kInternal, "a local save without its prepared state");
-    return local::save_local(io, job, ctx_.options, *l, source);
+    auto report = local::save_local(io, job, ctx_.options, *l, source);
+    // Under a budget the window goes back after each save, for the loads; without one it stays
+    // allocated and touched (a fresh one costs its page faults on every save).
+    if (ctx_.options.memory_bytes) window_.release();
+    return report;
   }
 
   void abandon(const Topology::Impl&, SaveJob&) override {}  // nothing made before the local write
@@ -152,6 +171,8 @@ class LocalLevel final : public Level {
   SharedLevel shared_;  // loads of shared checkpoints, and persists' commits go through save_commit
   std::shared_ptr<const local::NodeMap> nodes_;  // made by the first local save or load
   int64_t saves_ = 0;                            // for persist_every
+  local::ReplicaWindow window_;                  // the partner copies' buffers (engine/replica_stream.h)
+  uint64_t window_bytes_ = 0;                    // its share of memory_bytes (0 when unbounded)
 };
 
 }  // namespace

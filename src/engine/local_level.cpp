@@ -153,8 +153,19 @@ struct SaveContext {
   std::string partial, final_dir, mine;
 };
 
+// The files this node's ranks write in a save: their own and the copies they receive.
+std::vector<std::string> files_of_my_node(const SaveContext& c) {
+  std::vector<std::string> out;
+  for (int r : c.local.nodes->members[static_cast<size_t>(c.local.nodes->my_node)]) {
+    out.push_back(storage::local_rank_file(r));
+    for (int q : replica_origins(*c.local.nodes, r, c.copts.local_replicas)) out.push_back(storage::local_rank_file(q));
+  }
+  return out;
+}
+
 // 1. This node's partial directory, made by its leader (a stale one of a crashed save goes),
-// after checking that no other node shares the local directory. Collective.
+// after checking that no other node shares the local directory; from the spare's files when
+// there is one (storage::make_partial_dir). Collective.
 Status make_partial(const SaveContext& c) {
   Status st;
   if (c.leader) {
@@ -168,7 +179,7 @@ Status make_partial(const SaveContext& c) {
   }
   if (c.leader) {
     if (st.ok()) st = storage::remove_tree(c.partial);
-    if (st.ok()) st = storage::make_dir(c.partial);
+    if (st.ok()) st = storage::make_partial_dir(c.local.dir, c.partial, files_of_my_node(c));
   }
   return comm::agree(st, c.world);
 }
@@ -181,36 +192,59 @@ Status write_and_replicate(const SaveContext& c, WriteSource& source, storage::L
   SaveReport& report = c.job.report;
   const double t0 = now_s();
   Status st;
-  ReplicaStream stream(*c.local.nodes, c.copts.local_replicas, c.me, c.local.my_bytes, c.partial, c.local.name,
+  const int k = c.copts.local_replicas;
+  ReplicaStream stream(*c.local.nodes, k, c.me, c.local.my_bytes, c.partial, c.local.name,
+                       replica_chunk_bytes(*c.local.nodes, k, c.copts.memory_bytes), *c.local.window, c.local.budget,
                        c.world);
   storage::LocalFileHasher hash(c.local.name, c.me, c.local.my_bytes);
-  const int fd = storage::io::open(c.mine, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  // No O_TRUNC: a file kept from the spare is overwritten in place, then cut to its size.
+  const int fd = storage::io::open(c.mine, O_CREAT | O_WRONLY, 0644);
   if (fd < 0) st = storage::io::error("open", c.mine, errno);
   uint64_t written = 0;
+  double t_source = 0, t_write = 0, t_hash = 0, t_push = 0;
+  double t = now_s();
   while (auto w = source.next()) {
+    t_source += now_s() - t;
     if (st.ok()) st = source.status();
     if (w->write->bytes) {
+      t = now_s();
       if (st.ok()) st = storage::write_all(fd, w->data, w->write->bytes, written, c.mine);
+      const double t_written = now_s();
       if (written + w->write->bytes <= c.local.my_bytes) hash.update(w->data, w->write->bytes);
+      const double t_hashed = now_s();
       stream.push(w->data, w->write->bytes);
+      t_write += t_written - t, t_hash += t_hashed - t_written, t_push += now_s() - t_hashed;
     }
     written += w->write->bytes;
     source.done(*w);
+    t = now_s();
   }
+  t_source += now_s() - t;
   if (written != c.local.my_bytes && st.ok())
     st = Status(ErrorCode::kInternal, "local write of " + std::to_string(written) + " bytes, " +
                                           std::to_string(c.local.my_bytes) + " planned");
   *file = hash.finish();
   file->bytes = written;
+  const double t_sync = now_s();
   if (fd >= 0) {
+    if (st.ok() && storage::io::ftruncate(fd, static_cast<off_t>(written)) != 0)
+      st = storage::io::error("ftruncate", c.mine, errno);
     Status closed = storage::sync_close(fd, c.mine);
     if (st.ok()) st = closed;
   }
   report.write_s = now_s() - t0;
+  const double own_sync = now_s() - t_sync;
   const double t_rep = now_s();
   Status streamed = stream.finish(received, copies);
   if (st.ok()) st = streamed;
   report.replicate_s = now_s() - t_rep;
+  const ReplicaStream::Profile& p = stream.profile();
+  logging::log().debug(
+      "local write: stream setup {:.3f}s, source {:.3f}s, own write {:.3f}s, own hash {:.3f}s, push {:.3f}s "
+      "(copy {:.3f}s, waiting for a send slot {:.3f}s), own fsync {:.3f}s; replicas: drain {:.3f}s, "
+      "received writes {:.3f}s, hashes {:.3f}s, fsyncs {:.3f}s",
+      p.setup, t_source, t_write, t_hash, t_push, p.copy, p.send_wait, own_sync, p.drain, p.recv_write, p.recv_hash,
+      p.recv_sync);
   report.bytes_written = written;
   return st;
 }
@@ -322,18 +356,24 @@ Result<SaveReport> save_local(const Topology::Impl& comms, SaveJob& job, const C
     return st.with_context("local save of '" + job.path + "' to '" + local.dir + "'");
   };
   PhaseScope scope("save_local", "write");
+  const double t_partial = now_s();
   if (Status a = make_partial(c); !a.ok()) return fail(a);
+  const double partial_s = now_s() - t_partial;
   storage::LocalRankFile file;
   std::vector<ReplicaStream::Received> copies;
   uint64_t received = 0;
   Status st = write_and_replicate(c, source, &file, &copies, &received);
   util::test_point("local_write", c.me);
   util::test_point("local_replica", c.me);
+  const double t_agree = now_s();
   if (Status a = comm::agree(st, c.world); !a.ok()) return fail(a);
+  const double agree_s = now_s() - t_agree;
   storage::LocalManifest manifest;
   auto manifest_bytes = share_manifest(c, file, &manifest);
   if (!manifest_bytes.ok()) return fail(manifest_bytes.status());
   if (Status a = comm::agree(check_copies(c, copies, manifest), c.world); !a.ok()) return fail(a);
+  logging::log().debug("local save: partial dir {:.3f}s, agreement after the write {:.3f}s, manifest {:.3f}s",
+                       partial_s, agree_s, now_s() - t_agree - agree_s);
 
   PhaseScope commit_scope("save_local", "commit");
   const double t_commit = now_s();

@@ -22,7 +22,13 @@
 #include "engine/engine.h"
 #include "storage/local_store.h"
 
+namespace h5ckpt::engine {
+class MemoryBudget;
+}
+
 namespace h5ckpt::engine::local {
+
+class ReplicaWindow;
 
 /// The job's nodes: node index of every world rank (nodes ordered by their leader's rank) and each
 /// node's ranks in rank order.
@@ -49,6 +55,8 @@ struct LocalSave {
   bool check_private = true;  ///< check first that no two nodes share the local directory
   /// This rank's writes for the persist, in local-file order (pieces of at most kPersistPiece).
   std::vector<planner::WriteItem> persist_writes;
+  ReplicaWindow* window = nullptr;  ///< the partner copies' buffers, kept by the level between saves
+  MemoryBudget* budget = nullptr;   ///< what the window is leased from (null: not counted)
 };
 
 /// Largest piece the persist reads from the local file at once.

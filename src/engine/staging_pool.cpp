@@ -33,6 +33,12 @@ void StagingPool::reserve(size_t bytes) {
   blocks_.clear();
 }
 
+void StagingPool::shrink_to(size_t bytes) {
+  if (capacity_ <= bytes) return;
+  free_memory();
+  reserve(bytes);
+}
+
 void StagingPool::touch() const {
   volatile char sink = 0;
   for (size_t i = 0; i < capacity_; i += 4096) sink = sink + base_[i];

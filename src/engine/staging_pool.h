@@ -29,6 +29,9 @@ class StagingPool {
   /// With a budget, the capacity is leased from it: a pool the budget cannot hold is not
   /// allocated (capacity() stays below `bytes`; callers check it).
   void reserve(size_t bytes);
+  /// Frees the pool when it holds more than `bytes` and allocates `bytes` again (only while idle):
+  /// under a budget, room for a level's own buffers beside it.
+  void shrink_to(size_t bytes);
   /// The budget the pool's capacity is leased from (set once, before the first reserve).
   void set_budget(MemoryBudget* budget) { budget_ = budget; }
   MemoryBudget* budget() const { return budget_; }

@@ -239,9 +239,18 @@ void retain_local(const std::string& dir, int64_t keep, const std::string& keep_
     return a.step != b.step ? a.step > b.step : a.name > b.name;
   });
   int64_t kept = 0;
+  bool spared = false;
+  const std::string spare = (fs::path(dir) / kLocalSpareName).string();
   for (const auto& e : all) {
     if (e.name == keep_name || kept < keep) {
       ++kept;
+      continue;
+    }
+    // The newest dropped one: out of the listing first (no manifest), then renamed.
+    if (!spared && remove_tree(spare).ok() && io::unlink((fs::path(e.dir) / kLocalManifestName).string()) == 0 &&
+        io::rename(e.dir, spare) == 0) {
+      spared = true;
+      logging::log().info("local retention: '{}' (step {}) kept as the spare for the next save", e.dir, e.step);
       continue;
     }
     if (Status st = remove_tree(e.dir); !st.ok())
@@ -254,6 +263,23 @@ void retain_local(const std::string& dir, int64_t keep, const std::string& keep_
     if (is_partial_name(name) && it->path().string() != local_partial_dir(dir, keep_name))
       (void)remove_tree(it->path().string());  // a save that crashed before its commit
   }
+}
+
+Status make_partial_dir(const std::string& dir, const std::string& partial, const std::vector<std::string>& reuse) {
+  const std::string spare = (fs::path(dir) / kLocalSpareName).string();
+  std::error_code ec;
+  if (!fs::is_directory(spare, ec) || io::rename(spare, partial) != 0) return make_dir(partial);
+  // Whatever this save will not overwrite whole goes (other ranks' files, quarantined ones).
+  std::vector<std::string> drop;
+  for (fs::directory_iterator it(partial, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code file_ec;
+    if (std::find(reuse.begin(), reuse.end(), name) == reuse.end() || !it->is_regular_file(file_ec))
+      drop.push_back(it->path().string());
+  }
+  if (ec) return Status(ErrorCode::kIo, "cannot list '" + partial + "': " + ec.message());
+  for (const std::string& path : drop) H5CKPT_RETURN_IF_ERROR(remove_tree(path));
+  return Status::Ok();
 }
 
 CheckpointInfo local_info(const LocalManifest& m, const std::vector<planner::TensorPlan>& tensors,

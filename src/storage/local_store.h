@@ -78,8 +78,21 @@ std::vector<LocalEntry> list_local_checkpoints(const std::string& dir, const std
 Result<uint64_t> file_xxh3(const std::string& path, uint64_t bytes);
 
 /// Deletes all but the `keep` newest committed local checkpoints of `dir` (by step, then name),
-/// never `keep_name`, and any partial directory but `keep_name`'s. Best effort; logs what it did.
+/// never `keep_name`, and any partial directory but `keep_name`'s. The newest checkpoint it drops
+/// is not deleted but becomes the spare (kLocalSpareName, its manifest removed first), whose files
+/// the next save overwrites in place. Best effort; logs what it did.
 void retain_local(const std::string& dir, int64_t keep, const std::string& keep_name);
+
+/// "<dir>/.h5ckpt-spare": the files of the checkpoint retention dropped last, no longer part of
+/// any checkpoint (never listed: a hidden name without a manifest). Writing into an existing file
+/// reuses its page-cache pages and disk blocks; a new file takes fresh ones, which on a VM whose
+/// free memory goes back to the host costs more than the write itself (docs/performance.md).
+inline constexpr const char* kLocalSpareName = ".h5ckpt-spare";
+
+/// Makes a save's `partial` directory in `dir`: the spare renamed, keeping only the files named in
+/// `reuse` (the ones this save overwrites whole and cuts to size), or an empty directory when
+/// there is no spare. `partial` must not exist.
+Status make_partial_dir(const std::string& dir, const std::string& partial, const std::vector<std::string>& reuse);
 
 /// The metadata a load and the trainer see for a local checkpoint (`tensors`: m.plan decoded).
 CheckpointInfo local_info(const LocalManifest& m, const std::vector<planner::TensorPlan>& tensors,

@@ -35,10 +35,11 @@ enum Op {
   kMkdir,
   kUnlink,
   kRemove,
+  kFtruncate,
   kOpCount
 };
 constexpr const char* kOpNames[kOpCount] = {"open",  "close",     "read",   "pread", "write",  "pwrite", "fsync",
-                                            "fstat", "fallocate", "rename", "mkdir", "unlink", "remove"};
+                                            "fstat", "fallocate", "rename", "mkdir", "unlink", "remove", "ftruncate"};
 
 struct Fault {
   int op = -1;
@@ -275,6 +276,11 @@ int fstat(int fd, struct stat* st) {
 int fallocate(int fd, off_t off, off_t len) {
   if (Decision d = decide(kFallocate); d.err) return d.err;
   return ::posix_fallocate(fd, off, len);
+}
+
+int ftruncate(int fd, off_t len) {
+  if (Decision d = decide(kFtruncate); d.err) return errno = d.err, -1;
+  return ::ftruncate(fd, len);
 }
 
 int rename(const std::string& from, const std::string& to) {

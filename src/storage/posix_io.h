@@ -24,6 +24,7 @@ int fsync(int fd);
 int fstat(int fd, struct stat* st);
 /// posix_fallocate: 0 or an error number (errno is not used).
 int fallocate(int fd, off_t off, off_t len);
+int ftruncate(int fd, off_t len);
 int rename(const std::string& from, const std::string& to);
 int mkdir(const std::string& path, mode_t mode);
 int unlink(const std::string& path);
