@@ -112,16 +112,10 @@ TEST(Transfer, DeltaMovesOnlyChangedBlocks) {
   const std::string key = "model/layers.0.qkv.weight";
   const int64_t g = 100;
   const float changed = 12345.0f;
-  int64_t holders = 0;
-  for (auto& it : model.state().items()) {
-    if (it.key != key) continue;
-    for (int64_t j = 0; j < it.shard.numel(); ++j)
-      if (h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j) == g) {
-        if (h.source) std::memcpy(static_cast<float*>(it.data) + j, &changed, 4);
-        else ++holders;
-      }
-  }
-  holders = static_cast<int64_t>(sum_all(static_cast<uint64_t>(holders)));
+  const int64_t held = for_element(model.state(), key, g, [&](float* v) {
+    if (h.source) *v = changed;
+  });
+  const int64_t holders = static_cast<int64_t>(sum_all(static_cast<uint64_t>(h.source ? 0 : held)));
   ASSERT_GT(holders, 0);
   o.version = 3;
   auto r3 = x.transfer(src, dst, o);
@@ -134,16 +128,7 @@ TEST(Transfer, DeltaMovesOnlyChangedBlocks) {
   if (!h.source) {
     std::string first;
     int64_t bad = model.count_mismatches(&first);
-    int64_t seen = 0;
-    for (auto& it : model.state().items())
-      if (it.key == key)
-        for (int64_t j = 0; j < it.shard.numel(); ++j)
-          if (h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j) == g) {
-            float v;
-            std::memcpy(&v, static_cast<float*>(it.data) + j, 4);
-            EXPECT_EQ(v, changed);
-            ++seen;
-          }
+    const int64_t seen = for_element(model.state(), key, g, [&](float* v) { EXPECT_EQ(*v, changed); });
     EXPECT_EQ(bad, seen) << "only the changed element differs from version 1; first: " << first;
   }
 }

@@ -103,15 +103,10 @@ TEST_F(DeviceTransfer, DisjointDeltaAndCorruptionKeepThePreviousVersion) {
   const std::string key = "model/layers.0.qkv.weight";
   const int64_t g = 100;
   const float changed = 4242.0f;
-  uint64_t holders = 0;
-  for (auto& it : model.state().items())
-    if (it.key == key)
-      for (int64_t j = 0; j < it.shard.numel(); ++j)
-        if (h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j) == g) {
-          if (h.source) std::memcpy(static_cast<float*>(it.data) + j, &changed, 4);
-          else ++holders;
-        }
-  holders = sum_all(holders);
+  const int64_t held = for_element(model.state(), key, g, [&](float* v) {
+    if (h.source) *v = changed;
+  });
+  const uint64_t holders = sum_all(static_cast<uint64_t>(h.source ? 0 : held));
   ASSERT_GT(holders, 0u);
   if (h.source) dev.upload();
   o.version = 2;
@@ -122,15 +117,7 @@ TEST_F(DeviceTransfer, DisjointDeltaAndCorruptionKeepThePreviousVersion) {
   int64_t seen = 0;
   if (!h.source) {
     dev.download();
-    for (auto& it : model.state().items())
-      if (it.key == key)
-        for (int64_t j = 0; j < it.shard.numel(); ++j)
-          if (h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j) == g) {
-            float v;
-            std::memcpy(&v, static_cast<float*>(it.data) + j, 4);
-            EXPECT_EQ(v, changed);
-            ++seen;
-          }
+    seen = for_element(model.state(), key, g, [&](float* v) { EXPECT_EQ(*v, changed); });
     EXPECT_EQ(model.count_mismatches(&first), seen) << "only the changed element differs; first: " << first;
   }
 

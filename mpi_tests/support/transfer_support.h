@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "h5ckpt/status.h"
@@ -75,6 +76,20 @@ inline void expect_agreed_error(const Status& st, ErrorCode code, const std::str
   MPI_Allreduce(&here, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&here, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   EXPECT_EQ(lo, hi) << "ranks returned different codes";
+}
+
+// Calls fn on every copy this rank holds of global element g of the f32 tensor `key`; returns
+// how many there were.
+inline int64_t for_element(StateDict& s, const std::string& key, int64_t g, const std::function<void(float*)>& fn) {
+  int64_t n = 0;
+  for (auto& it : s.items())
+    if (it.key == key)
+      for (int64_t j = 0; j < it.shard.numel(); ++j)
+        if (global_flat_index(it.shard, it.global_shape, j) == g) {
+          fn(static_cast<float*>(it.data) + j);
+          ++n;
+        }
+  return n;
 }
 
 }  // namespace h5ckpt::testing::transfer
