@@ -148,25 +148,16 @@ int64_t one_run_start(const ShardSpec& shard, const Box& box) {
 
 // The piece's start in the source buffer when its whole stream is one contiguous run there.
 const char* contiguous_start(const StateItem& src, const Box& box) {
-  int runs = 0;
-  int64_t first = 0;
-  planner::for_each_run(box, planner::frame_of(src.shard), planner::Frame{box, 0}, [&](int64_t si, int64_t, int64_t) {
-    if (runs++ == 0) first = si;
-  });
-  return runs == 1 ? static_cast<const char*>(src.data) + first * dtype_size(src.dtype) : nullptr;
+  const int64_t first = one_run_start(src.shard, box);
+  return first >= 0 ? static_cast<const char*>(src.data) + first * dtype_size(src.dtype) : nullptr;
 }
 
 // Where a piece's stream starts in a destination buffer of the same dtype when the whole stream is
 // one contiguous run there (it can then be received in place), else null.
 char* contiguous_in(StateItem& dst, const TransferPiece& p) {
   if (p.src_dtype != dst.dtype) return nullptr;
-  int runs = 0;
-  int64_t first = 0;
-  planner::for_each_run(p.box, planner::Frame{p.box, 0}, planner::frame_of(dst.shard),
-                        [&](int64_t, int64_t di, int64_t) {
-                          if (runs++ == 0) first = di;
-                        });
-  return runs == 1 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
+  const int64_t first = one_run_start(dst.shard, p.box);
+  return first >= 0 ? static_cast<char*>(dst.data) + first * dtype_size(dst.dtype) : nullptr;
 }
 
 // ---- Device buffers: pieces move through host memory (sums are computed and checked there) ----
@@ -519,12 +510,15 @@ struct StateTransfer::Impl::Call {
   bool src_device(const TransferPiece& p) const { return src_on_device[p.src_item] != 0; }
   bool dst_device(const TransferPiece& p) const { return dst_on_device[p.dst_item] != 0; }
 
+  // Once per call, before the first device read: after the caller's work on device_stream.
+  Status order_device_reads() {
+    if (device_ordered) return Status::Ok();
+    device_ordered = true;
+    return staging.order_after(options.device_stream);
+  }
   // Copies a device source piece's whole stream into `host` and waits for it.
   Status piece_from_device(const TransferPiece& p, char* host) {
-    if (!device_ordered) {
-      H5CKPT_RETURN_IF_ERROR(staging.order_after(options.device_stream));
-      device_ordered = true;
-    }
+    H5CKPT_RETURN_IF_ERROR(order_device_reads());
     H5CKPT_RETURN_IF_ERROR(copy_piece_to_host(staging, src_item(p), p.box, host));
     return staging.synchronize();
   }
@@ -770,28 +764,28 @@ struct StateTransfer::Impl::Round {
 
   // This round's device source pieces that move, whole, into host memory (counted as staging,
   // as packed sends are in the plan's rounds).
+  // A device source piece of this round that moves through host memory.
+  bool copied_down(size_t k) const {
+    const TransferPiece& p = (*call.pieces)[k];
+    return in_round(k) && p.src_rank == call.me && !call.runs[k].empty() && call.src_device(p) && !call.linked(k);
+  }
   void copy_device_sources() {
     views.resize(call.np);
     uint64_t bytes = 0;
     std::vector<uint64_t> at(call.np, 0);
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p) || call.linked(k))
-        continue;
+      if (!copied_down(k)) continue;
       at[k] = bytes;
       bytes += p.bytes;
     }
     from_device_bytes = bytes;
     if (bytes == 0) return;
     if (call.impl.from_device.size() < bytes) call.impl.from_device.resize(bytes);
-    if (!call.device_ordered) {
-      copied = call.staging.order_after(call.options.device_stream);
-      call.device_ordered = true;
-    }
+    copied = call.order_device_reads();
     for (size_t k = 0; k < call.np; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.src_rank != call.me || call.runs[k].empty() || !call.src_device(p) || call.linked(k))
-        continue;
+      if (!copied_down(k)) continue;
       char* host = call.impl.from_device.data() + at[k];
       views[k] = host_view(call.src_item(p), p, host);  // never the device buffer, even after a failure
       if (copied.ok()) copied = copy_piece_to_host(call.staging, call.src_item(p), p.box, host);
@@ -841,9 +835,8 @@ struct StateTransfer::Impl::Round {
     for (size_t k = 0; k < call.np && local.ok(); ++k) {
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
-      if (call.linked(k)) {  // device to device: straight into the destination's run
-        char* to = static_cast<char*>(call.dst_item(p).data) +
-                   one_run_start(call.dst_item(p).shard, p.box) * dtype_size(call.dst_item(p).dtype);
+      if (call.linked(k)) {                             // device to device: straight into the destination's run
+        char* to = contiguous_in(call.dst_item(p), p);  // pointer arithmetic only: marked by the plan
         for (const Run& r : call.runs[k])
           if (local.ok())
             local = call.impl.device_link->post_recv(p.src_rank, to + r.begin, r.end - r.begin, kDeviceTag);
@@ -864,9 +857,8 @@ struct StateTransfer::Impl::Round {
       const TransferPiece& p = (*call.pieces)[k];
       const std::vector<Run>& runs = call.runs[k];
       if (!in_round(k) || p.src_rank != call.me || runs.empty()) continue;
-      if (call.linked(k)) {  // device to device, from the source's run
-        const char* from = static_cast<const char*>(call.src_item(p).data) +
-                           one_run_start(call.src_item(p).shard, p.box) * dtype_size(call.src_item(p).dtype);
+      if (call.linked(k)) {                                            // device to device, from the source's run
+        const char* from = contiguous_start(call.src_item(p), p.box);  // as for `to` in post_receives
         for (const Run& r : runs) {
           if (local.ok())
             local = call.impl.device_link->post_send(p.dst_rank, from + r.begin, r.end - r.begin, kDeviceTag);
