@@ -98,72 +98,80 @@ class AggregatedWrite : public ::testing::Test {
 };
 
 // The file is cut into random chunks, each given to a random rank or left out (a hole that must
-// keep its old bytes); each rank hands its chunks over in random order from a shuffled buffer.
+// keep its old bytes); each rank hands its chunks over in random order from a shuffled buffer, or
+// in file order from one buffer where they lie back to back (as a shard's rows do: they travel as
+// one message per window and aggregator, through the landing buffer).
 TEST_F(AggregatedWrite, EveryByteLandsAndHolesStayForAnyWindow) {
   const uint64_t size = (3u << 20) + 12345;
   const int n = world_size(), me = world_rank();
-  for (uint64_t window : {uint64_t{64}, uint64_t{10007}, uint64_t{1} << 20, uint64_t{64} << 20}) {
-    const std::string path = root_ + "/f" + std::to_string(window);
-    if (me == 0) std::ofstream(path, std::ios::binary) << std::string(size, static_cast<char>(kUntouched));
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::mt19937_64 rng(window);  // the same cut on every rank
-    std::vector<std::pair<uint64_t, uint64_t>> mine;
-    std::vector<int> owner_of;  // per chunk: rank, or -1 for a hole
-    std::vector<std::pair<uint64_t, uint64_t>> chunks;
-    for (uint64_t off = 0; off < size;) {
-      const uint64_t len = std::min<uint64_t>(size - off, 1 + rng() % (rng() % 8 == 0 ? 200000 : 3000));
-      const int owner = static_cast<int>(rng() % (n + 1)) - 1;
-      chunks.push_back({off, len});
-      owner_of.push_back(owner);
-      if (owner == me) mine.push_back({off, len});
-      off += len;
+  for (bool shuffled : {true, false})
+    for (uint64_t window : {uint64_t{64}, uint64_t{10007}, uint64_t{1} << 20, uint64_t{64} << 20}) {
+      if (!shuffled && window == 64) continue;  // tens of thousands of windows: the shuffled case has them
+      SCOPED_TRACE(shuffled ? "shuffled buffer" : "back to back in file order");
+      const std::string path = root_ + "/f" + std::to_string(window) + (shuffled ? "s" : "");
+      if (me == 0) std::ofstream(path, std::ios::binary) << std::string(size, static_cast<char>(kUntouched));
+      MPI_Barrier(MPI_COMM_WORLD);
+      std::mt19937_64 rng(window);  // the same cut on every rank
+      std::vector<std::pair<uint64_t, uint64_t>> mine;
+      std::vector<int> owner_of;  // per chunk: rank, or -1 for a hole
+      std::vector<std::pair<uint64_t, uint64_t>> chunks;
+      for (uint64_t off = 0; off < size;) {
+        const uint64_t len = std::min<uint64_t>(size - off, 1 + rng() % (rng() % 8 == 0 ? 200000 : 3000));
+        const int owner = static_cast<int>(rng() % (n + 1)) - 1;
+        chunks.push_back({off, len});
+        owner_of.push_back(owner);
+        if (owner == me) mine.push_back({off, len});
+        off += len;
+      }
+      if (shuffled) std::shuffle(mine.begin(), mine.end(), std::mt19937_64(window + me));
+      uint64_t total = 0;
+      for (const auto& c : mine) total += c.second;
+      std::vector<char> buf(total);
+      std::vector<engine::WritePiece> pieces;
+      uint64_t at = 0;
+      for (const auto& [off, len] : mine) {
+        for (uint64_t k = 0; k < len; ++k) buf[at + k] = static_cast<char>(byte_at(off + k));
+        pieces.push_back({off, len, buf.data() + at});
+        at += len;
+      }
+      const int fd = ::open(path.c_str(), O_WRONLY);
+      ASSERT_GE(fd, 0);
+      uint64_t calls = 0;
+      std::vector<char> slots(engine::kWriteWindowBuffers * window);
+      auto r = engine::aggregated_write(
+          MPI_COMM_WORLD, pieces, window, slots.data(), [&](const char* p, uint64_t len, uint64_t off) {
+            ++calls;
+            return ::pwrite(fd, p, len, static_cast<off_t>(off)) == static_cast<ssize_t>(len)
+                       ? Status::Ok()
+                       : Status(ErrorCode::kIo, "pwrite");
+          });
+      ::fsync(fd);
+      ::close(fd);
+      ASSERT_TRUE(r.ok()) << "window " << window << ": " << r.status().to_string();
+      EXPECT_EQ(r->spans, calls);
+      EXPECT_EQ(sum_all(r->bytes_sent), sum_all(r->bytes_received)) << "window " << window;
+      EXPECT_EQ(sum_all(r->bytes_written), sum_all(total)) << "every byte written once";
+      // Written ranges are merged: never more write calls than chunks handed over, plus the cuts
+      // at window and domain edges.
+      EXPECT_LE(sum_all(calls), sum_all(mine.size()) + sum_all(r->windows) + n) << "window " << window;
+      // Back to back in memory, a rank's pieces for one aggregator's window go as one message: with
+      // one window per domain, at most one message to each other rank.
+      if (!shuffled && window == (uint64_t{64} << 20)) EXPECT_LE(max_all(r->messages), uint64_t(n - 1));
+      const std::string why = on_rank0([&]() -> std::string {
+        const std::vector<char> got = file_bytes(path);
+        if (got.size() != size) return "file size " + std::to_string(got.size());
+        for (size_t c = 0; c < chunks.size(); ++c)
+          for (uint64_t k = 0; k < chunks[c].second; ++k) {
+            const uint64_t i = chunks[c].first + k;
+            const unsigned char want = owner_of[c] < 0 ? kUntouched : byte_at(i);
+            if (static_cast<unsigned char>(got[i]) != want)
+              return "byte " + std::to_string(i) +
+                     (owner_of[c] < 0 ? " of a hole" : " of rank " + std::to_string(owner_of[c])) + " is wrong";
+          }
+        return "";
+      });
+      EXPECT_EQ(why, "") << "window " << window;
     }
-    std::shuffle(mine.begin(), mine.end(), std::mt19937_64(window + me));
-    uint64_t total = 0;
-    for (const auto& c : mine) total += c.second;
-    std::vector<char> buf(total);
-    std::vector<engine::WritePiece> pieces;
-    uint64_t at = 0;
-    for (const auto& [off, len] : mine) {
-      for (uint64_t k = 0; k < len; ++k) buf[at + k] = static_cast<char>(byte_at(off + k));
-      pieces.push_back({off, len, buf.data() + at});
-      at += len;
-    }
-    const int fd = ::open(path.c_str(), O_WRONLY);
-    ASSERT_GE(fd, 0);
-    uint64_t calls = 0;
-    std::vector<char> slots(2 * window);
-    auto r = engine::aggregated_write(
-        MPI_COMM_WORLD, pieces, window, slots.data(), [&](const char* p, uint64_t len, uint64_t off) {
-          ++calls;
-          return ::pwrite(fd, p, len, static_cast<off_t>(off)) == static_cast<ssize_t>(len)
-                     ? Status::Ok()
-                     : Status(ErrorCode::kIo, "pwrite");
-        });
-    ::fsync(fd);
-    ::close(fd);
-    ASSERT_TRUE(r.ok()) << "window " << window << ": " << r.status().to_string();
-    EXPECT_EQ(r->spans, calls);
-    EXPECT_EQ(sum_all(r->bytes_sent), sum_all(r->bytes_received)) << "window " << window;
-    EXPECT_EQ(sum_all(r->bytes_written), sum_all(total)) << "every byte written once";
-    // Written ranges are merged: never more write calls than chunks handed over, plus the cuts
-    // at window and domain edges.
-    EXPECT_LE(sum_all(calls), sum_all(mine.size()) + sum_all(r->windows) + n) << "window " << window;
-    const std::string why = on_rank0([&]() -> std::string {
-      const std::vector<char> got = file_bytes(path);
-      if (got.size() != size) return "file size " + std::to_string(got.size());
-      for (size_t c = 0; c < chunks.size(); ++c)
-        for (uint64_t k = 0; k < chunks[c].second; ++k) {
-          const uint64_t i = chunks[c].first + k;
-          const unsigned char want = owner_of[c] < 0 ? kUntouched : byte_at(i);
-          if (static_cast<unsigned char>(got[i]) != want)
-            return "byte " + std::to_string(i) +
-                   (owner_of[c] < 0 ? " of a hole" : " of rank " + std::to_string(owner_of[c])) + " is wrong";
-        }
-      return "";
-    });
-    EXPECT_EQ(why, "") << "window " << window;
-  }
 }
 
 SaveOptions with_mode(AggregateWrites mode, uint64_t window = 32ull << 20) {

@@ -26,6 +26,7 @@ struct Cut {
   uint64_t window;
   uint64_t offset, length;
   const char* src;
+  bool joins = false;  // its bytes follow the previous cut's in memory, for the same window
 };
 
 std::vector<Cut> cut_pieces(const two_phase::Geometry& g, const std::vector<WritePiece>& pieces) {
@@ -38,13 +39,25 @@ std::vector<Cut> cut_pieces(const two_phase::Geometry& g, const std::vector<Writ
     }
   // Offset order puts each (aggregator, window) together, the order both sides build messages in.
   std::stable_sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < cuts.size(); ++i) {
+    const Cut& a = cuts[i - 1];
+    Cut& b = cuts[i];
+    b.joins = a.agg == b.agg && a.window == b.window && a.src + a.length == b.src;
+  }
   return cuts;
 }
+
+// One contiguous message from a sender: into the window where it is one run of the file, else
+// through the landing area and then copied to its runs.
+struct Message {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // window offset, length
+  uint64_t bytes = 0;
+};
 
 // What an aggregator does with one window of its domain.
 struct WindowPlan {
   uint64_t begin = 0;                                  // file offset of buffer byte 0
-  std::map<int, two_phase::Blocks> receives;           // rank -> buffer blocks
+  std::map<int, std::vector<Message>> receives;        // rank -> its messages, in its send order
   std::vector<std::pair<uint64_t, uint64_t>> extents;  // file offset, length of every piece
   std::vector<std::pair<uint64_t, const Cut*>> local;  // buffer offset -> my own cut
   std::vector<std::pair<uint64_t, uint64_t>> spans;    // writes: file offset, length
@@ -62,9 +75,12 @@ std::vector<WindowPlan> plan_windows(const two_phase::Geometry& g, int me,
   for (size_t r = 0; r < sent.size(); ++r) {
     if (static_cast<int>(r) == me) continue;
     for (size_t i = 0; i + 1 < sent[r].size(); i += 2) {
-      const uint64_t off = sent[r][i], len = sent[r][i + 1];
+      const uint64_t off = sent[r][i], len = sent[r][i + 1] & ~two_phase::kJoinsBit;
       WindowPlan& w = window(off);
-      w.receives[static_cast<int>(r)].push_back({static_cast<MPI_Aint>(off - w.begin), len});
+      auto& messages = w.receives[static_cast<int>(r)];
+      if (messages.empty() || !(sent[r][i + 1] & two_phase::kJoinsBit)) messages.emplace_back();
+      messages.back().runs.push_back({off - w.begin, len});
+      messages.back().bytes += len;
       w.extents.push_back({off, len});
     }
   }
@@ -119,39 +135,50 @@ Result<AggregatedWriteReport> aggregated_write(MPI_Comm comm, std::vector<WriteP
   // Tell each aggregator which file bytes of its domain this rank sends.
   const std::vector<Cut> cuts = cut_pieces(g, pieces);
   H5CKPT_ASSIGN_OR_RETURN(const auto sent,
-                          two_phase::exchange_cuts(cuts, n, comm, kPollMicros, "aggregated write (pieces)"));
+                          two_phase::exchange_cuts(cuts, n, comm, kPollMicros, "aggregated write (pieces)",
+                                                   [&](size_t i) { return cuts[i].joins; }));
   const std::vector<WindowPlan> plans = plan_windows(g, me, sent, cuts);
 
   // Every send goes out now, straight from the sources, in (aggregator, window) order: each
   // aggregator receives its windows in that order, and MPI keeps messages between two ranks in
-  // order. The sources stay valid until this call returns.
+  // order. One message per run of cuts that lie back to back in memory (a shard's rows are, where
+  // the file interleaves them with another rank's): a contiguous message moves in one copy between
+  // processes, where one of many blocks is packed and unpacked in small fragments, each needing
+  // both sides in MPI. The sources stay valid until this call returns.
   Status local;
   std::vector<MPI_Request> sends;
   for (size_t i = 0; i < cuts.size();) {
-    size_t j = i;
-    two_phase::Blocks blocks;
-    for (; j < cuts.size() && cuts[j].agg == cuts[i].agg && cuts[j].window == cuts[i].window; ++j) {
-      MPI_Aint addr = 0;
-      MPI_Get_address(cuts[j].src, &addr);
-      blocks.push_back({addr, cuts[j].length});
-    }
+    size_t j = i + 1;
+    uint64_t bytes = cuts[i].length;
+    for (; j < cuts.size() && cuts[j].joins; ++j) bytes += cuts[j].length;
     if (cuts[i].agg != me) {
-      keep_first(local, two_phase::post(true, nullptr, blocks, cuts[i].agg, kTag, comm, sends));
-      for (const auto& b : blocks) report.bytes_sent += b.second;
+      keep_first(local,
+                 two_phase::post(true, const_cast<char*>(cuts[i].src), {{0, bytes}}, cuts[i].agg, kTag, comm, sends));
+      report.bytes_sent += bytes;
+      ++report.messages;
     }
     i = j;
   }
 
   util::test_point("aggregate_exchange", me);  // tests: a rank stopped or killed mid-exchange
 
-  // Receive window j + 1 while window j is written.
+  // Receive window j + 1 while window j is written. A message of several runs lands in the
+  // landing area (the third buffer) and is copied to its runs once window j's receives are done.
+  char* landing = slots ? slots + kSlots * g.window : nullptr;
   std::vector<MPI_Request> receives[kSlots];
+  std::vector<std::pair<uint64_t, const Message*>> landed;  // landing offset, message
   auto post_receives = [&](size_t j) {
     char* slot = slots + (j % kSlots) * g.window;
-    for (const auto& [rank, blocks] : plans[j].receives) {
-      keep_first(local, two_phase::post(false, slot, blocks, rank, kTag, comm, receives[j % kSlots]));
-      for (const auto& b : blocks) report.bytes_received += b.second;
-    }
+    uint64_t at = 0;
+    landed.clear();
+    for (const auto& [rank, messages] : plans[j].receives)
+      for (const Message& m : messages) {
+        const bool direct = m.runs.size() == 1;
+        char* to = direct ? slot + m.runs[0].first : landing + at;
+        keep_first(local, two_phase::post(false, to, {{0, m.bytes}}, rank, kTag, comm, receives[j % kSlots]));
+        if (!direct) landed.push_back({at, &m}), at += m.bytes;
+        report.bytes_received += m.bytes;
+      }
   };
   if (!plans.empty() && !slots) keep_first(local, Status(ErrorCode::kInternal, "no write window buffers"));
   if (!plans.empty() && slots) post_receives(0);
@@ -160,8 +187,12 @@ Result<AggregatedWriteReport> aggregated_write(MPI_Comm comm, std::vector<WriteP
     keep_first(local, comm::wait_asleep(static_cast<int>(mine.size()), mine.data(), kPollMicros,
                                         "aggregated write (window receives)", comm));
     mine.clear();
-    if (j + 1 < plans.size()) post_receives(j + 1);
     char* slot = slots + (j % kSlots) * g.window;
+    for (const auto& [at, m] : landed) {
+      const char* from = landing + at;
+      for (const auto& [to, len] : m->runs) std::memcpy(slot + to, from, len), from += len;
+    }
+    if (j + 1 < plans.size()) post_receives(j + 1);
     for (const auto& [at, cut] : plans[j].local) std::memcpy(slot + at, cut->src, cut->length);
     for (const auto& [off, len] : plans[j].spans) {
       if (!local.ok()) break;  // keep receiving: the senders still send, so nobody waits forever

@@ -30,14 +30,19 @@ struct AggregatedWriteReport {
   uint64_t bytes_received = 0;  ///< bytes received from other ranks
   uint64_t windows = 0;         ///< windows this rank wrote
   uint64_t spans = 0;           ///< contiguous file ranges it wrote them as (one write call each)
+  uint64_t messages = 0;        ///< messages it sent (one per run of pieces back to back in memory)
 };
 
 /// Writes a contiguous range of the file (one positioned write, or a few for O_DIRECT ends).
 using WriteBytes = std::function<Status(const char* data, uint64_t length, uint64_t offset)>;
 
-/// Writes every rank's `pieces` through `write`. `slots` holds 2 * window_bytes bytes
-/// (window_bytes >= 64, at most 1 GiB, the same on every rank): one window is received while the
-/// previous one is written. Collective over `comm`, which must carry no other point-to-point
+/// Window-sized buffers aggregated_write needs in `slots`.
+constexpr uint64_t kWriteWindowBuffers = 3;
+
+/// Writes every rank's `pieces` through `write`. `slots` holds kWriteWindowBuffers * window_bytes
+/// bytes (window_bytes >= 64, at most 1 GiB, the same on every rank): one window is received while
+/// the previous one is written, and a sender's rows that the file interleaves with another rank's
+/// land in the third buffer as one contiguous message before they are copied into place. Collective over `comm`, which must carry no other point-to-point
 /// traffic meanwhile. A failed write stops this rank's writes but not its receives, so no sender
 /// waits forever: the caller's agreement must follow.
 Result<AggregatedWriteReport> aggregated_write(MPI_Comm comm, std::vector<WritePiece> pieces, uint64_t window_bytes,

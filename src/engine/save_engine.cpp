@@ -333,7 +333,7 @@ void drain(WriteSource& source) {
 constexpr uint64_t kAggregateRunBytes = 256u << 10;
 constexpr uint64_t kWindowUnit = 64;  // windows are agreed in these units (an int per rank)
 
-// The two window buffers of aggregated writes, kept across saves so their pages stay touched
+// The window buffers of aggregated writes, kept across saves so their pages stay touched
 // (first-touch faults on this kind of VM cost more than the writes; async saves run on a new
 // thread each time), unless a memory budget is set: then they live only while leased. One set
 // per process; a save that finds it in use (another Checkpointer saving at the same moment)
@@ -372,7 +372,7 @@ WindowSlots& shared_slots() {
 }
 
 // This rank's side of the aggregation decision, folded into the create agreement: whether it
-// can aggregate at all, and the window it can afford (its two buffers are leased from here).
+// can aggregate at all, and the window it can afford (its buffers are leased from here).
 struct AggregationOffer {
   int possible = 0;
   int window_units = 0;
@@ -384,11 +384,11 @@ AggregationOffer offer_aggregation(const SaveOptions& options, const Checkpointe
   AggregationOffer o;
   if (options.aggregate_writes == AggregateWrites::kOff || !copts.direct_writes || !source.stable()) return o;
   uint64_t window = std::clamp<uint64_t>(options.write_window_bytes, kWindowUnit, 1ull << 30);
-  if (budget && budget->bounded()) window = std::min<uint64_t>(window, budget->available() / 2);
+  if (budget && budget->bounded()) window = std::min<uint64_t>(window, budget->available() / kWriteWindowBuffers);
   window = window / kWindowUnit * kWindowUnit;
   if (window == 0) return o;
   if (budget) {
-    auto lease = budget->lease(2 * window, "aggregated write windows");
+    auto lease = budget->lease(kWriteWindowBuffers * window, "aggregated write windows");
     if (!lease.ok()) return o;
     o.lease = std::move(lease).value();
   }
@@ -581,7 +581,7 @@ struct SaveWrite {
     std::unique_lock<std::mutex> shared(shared_slots_mutex(), std::try_to_lock);
     WindowSlots own;
     WindowSlots& buffers = shared.owns_lock() ? shared_slots() : own;
-    char* slots = buffers.get(2 * window);
+    char* slots = buffers.get(kWriteWindowBuffers * window);
     if (!slots && local.ok()) local = Status(ErrorCode::kIo, "could not allocate the aggregated write windows");
     auto written =
         aggregated_write(world, std::move(pieces), window, slots, [&](const char* p, uint64_t len, uint64_t off) {

@@ -83,19 +83,25 @@ inline Status post(bool send, char* base, const Blocks& blocks, int peer, int ta
   return Status::Ok();
 }
 
+/// Set in a span's length as exchange_cuts sends it when the span's bytes follow the previous
+/// span's in the sender's memory, so both sides move them as one contiguous message.
+constexpr uint64_t kJoinsBit = 1ull << 63;
+
 /// Tells each aggregator which (offset, length) spans of its domain this rank reads or writes
 /// (`cuts`: any type with agg, offset and length), in one MPI_Ialltoall of counts and one
 /// MPI_Ialltoallv of spans; returns, per rank, the flat (offset, length) pairs it sent here.
-template <class Cut>
-Result<std::vector<std::vector<uint64_t>>> exchange_cuts(const std::vector<Cut>& cuts, int n, MPI_Comm comm,
-                                                         int poll_us, const char* what) {
+/// `joins(i)` marks cut i with kJoinsBit on the wire.
+template <class Cut, class Joins = bool (*)(size_t)>
+Result<std::vector<std::vector<uint64_t>>> exchange_cuts(
+    const std::vector<Cut>& cuts, int n, MPI_Comm comm, int poll_us, const char* what,
+    Joins joins = [](size_t) { return false; }) {
   std::vector<int> send_counts(n, 0), recv_counts(n, 0), sdispl(n, 0), rdispl(n, 0);
   for (const Cut& c : cuts) send_counts[c.agg] += 2;
   std::vector<uint64_t> sendbuf;
   sendbuf.reserve(cuts.size() * 2);
-  for (const Cut& c : cuts) {
-    sendbuf.push_back(c.offset);
-    sendbuf.push_back(c.length);
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    sendbuf.push_back(cuts[i].offset);
+    sendbuf.push_back(cuts[i].length | (joins(i) ? kJoinsBit : 0));
   }
   MPI_Request req;
   H5CKPT_RETURN_IF_ERROR(comm::mpi_status(
