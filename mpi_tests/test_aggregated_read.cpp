@@ -98,6 +98,41 @@ TEST_F(AggregatedRead, EveryByteArrivesForAnyWindow) {
   }
 }
 
+// Each rank asks for its share of every row of a row-major matrix into one buffer, as a
+// column-split shard is laid out: the file interleaves the ranks' rows, memory has them back to
+// back, so each aggregator's window reaches a rank as one packed message. With every rank asking
+// for the same half of each row (replicas without zero-redundancy), the packs of one window
+// exceed the packing area and the rest go as types of many blocks.
+TEST_F(AggregatedRead, RowsBackToBackArriveAsOneMessagePerWindow) {
+  constexpr uint64_t kRowBytes = 8192, kRows = 512, size = kRowBytes * kRows;
+  const std::string file = make_file(size);
+  const int n = world_size(), me = world_rank();
+  for (bool replicas : {false, true})
+    for (uint64_t window : {uint64_t{4096}, uint64_t{1} << 20, uint64_t{64} << 20}) {
+      SCOPED_TRACE(std::string(replicas ? "replicas" : "column split") + ", window " + std::to_string(window));
+      const uint64_t share = replicas ? kRowBytes / 2 : kRowBytes / static_cast<uint64_t>(n);
+      const uint64_t first = replicas ? 0 : share * static_cast<uint64_t>(me);
+      std::vector<char> buf(share * kRows + 1, 0);
+      const char guard = '\x5a';
+      buf.back() = guard;
+      std::vector<engine::ReadPiece> pieces;
+      for (uint64_t row = 0; row < kRows; ++row) pieces.push_back({row * kRowBytes + first, share, &buf[row * share]});
+      engine::StagingPool pool;
+      auto r = engine::aggregated_read(MPI_COMM_WORLD, file, pieces, window, pool);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      int64_t bad = 0;
+      for (uint64_t row = 0; row < kRows; ++row)
+        for (uint64_t k = 0; k < share; ++k)
+          if (static_cast<unsigned char>(buf[row * share + k]) != byte_at(row * kRowBytes + first + k) && bad++ == 0)
+            ADD_FAILURE() << "row " << row << ", byte " << k;
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(buf.back(), guard) << "wrote past the last row";
+      EXPECT_EQ(sum_all(r->bytes_sent), sum_all(r->bytes_received));
+      // One window per domain: at most one message from each other rank.
+      if (window == (uint64_t{64} << 20)) EXPECT_LE(max_all(r->messages), uint64_t(n - 1));
+    }
+}
+
 // A piece past the end of the file (a truncated checkpoint) fails its aggregator and nobody
 // hangs: the aggregator still sends, so every rank returns.
 TEST_F(AggregatedRead, TruncatedFileFailsWithoutHanging) {

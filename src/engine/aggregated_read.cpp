@@ -36,6 +36,7 @@ struct Cut {
   uint64_t window;
   uint64_t offset, length;
   char* dst;
+  bool joins = false;  // its destination follows the previous cut's in memory, for the same window
 };
 
 std::vector<Cut> cut_pieces(const Geometry& g, const std::vector<ReadPiece>& pieces) {
@@ -49,8 +50,20 @@ std::vector<Cut> cut_pieces(const Geometry& g, const std::vector<ReadPiece>& pie
   }
   // Offset order puts each (aggregator, window) together, the order both sides build messages in.
   std::stable_sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < cuts.size(); ++i) {
+    const Cut& a = cuts[i - 1];
+    Cut& b = cuts[i];
+    b.joins = a.agg == b.agg && a.window == b.window && a.dst + a.length == b.dst;
+  }
   return cuts;
 }
+
+// One contiguous message to a requester: sent from the window where it is one run of the file,
+// else packed from its runs first.
+struct Message {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // window offset, length
+  uint64_t bytes = 0;
+};
 
 Status post(bool send, char* base, const two_phase::Blocks& blocks, int peer, MPI_Comm comm,
             std::vector<MPI_Request>& reqs) {
@@ -61,7 +74,7 @@ Status post(bool send, char* base, const two_phase::Blocks& blocks, int peer, MP
 struct WindowPlan {
   uint64_t begin = 0;                                                  // file offset of buffer byte 0
   std::vector<std::pair<uint64_t, uint64_t>> spans;                    // preads: file offset, length
-  std::map<int, std::vector<std::pair<MPI_Aint, uint64_t>>> sends;     // rank -> buffer blocks
+  std::map<int, std::vector<Message>> sends;                           // rank -> its messages, in order
   std::vector<std::pair<uint64_t, std::pair<char*, uint64_t>>> local;  // buffer offset -> my dst
 };
 
@@ -144,13 +157,16 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
   std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> extents;
   for (size_t r = 0; r < asked.size(); ++r)
     for (size_t i = 0; i + 1 < asked[r].size(); i += 2) {
-      const uint64_t off = asked[r][i], len = asked[r][i + 1];
+      const uint64_t off = asked[r][i], len = asked[r][i + 1] & ~two_phase::kJoinsBit;
       const uint64_t k = g.window_index(off);
       WindowPlan& w = by_window[k];
       w.begin = g.window_begin(me, k);
       extents[k].push_back({off, off + len});
-      if (static_cast<int>(r) != me)
-        w.sends[static_cast<int>(r)].push_back({static_cast<MPI_Aint>(off - w.begin), len});
+      if (static_cast<int>(r) == me) continue;
+      auto& messages = w.sends[static_cast<int>(r)];
+      if (messages.empty() || !(asked[r][i + 1] & two_phase::kJoinsBit)) messages.emplace_back();
+      messages.back().runs.push_back({off - w.begin, len});
+      messages.back().bytes += len;
     }
   for (const Cut& c : mine)
     if (c.agg == me) by_window[c.window].local.push_back({c.offset - by_window[c.window].begin, {c.dst, c.length}});
@@ -175,8 +191,8 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
 
 namespace {
 
-// `pool` set: the two window slots come from it (reserved here); else from `slots`, which holds
-// two windows of `window_bytes` (windows then may be as small as kMinBoundedWindow).
+// `pool` set: the window buffers come from it (reserved here); else from `slots`, which holds
+// kReadWindowBuffers windows of `window_bytes` (windows then may be as small as kMinBoundedWindow).
 Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::string& data_file,
                                                  std::vector<ReadPiece> pieces, uint64_t window_bytes,
                                                  StagingPool* pool, char* slots) {
@@ -205,26 +221,26 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
   // Tell each aggregator what this rank wants from its domain.
   const std::vector<Cut> cuts = cut_pieces(g, pieces);
   H5CKPT_ASSIGN_OR_RETURN(const auto asked,
-                          two_phase::exchange_cuts(cuts, n, comm, kPollMicros, "aggregated read (requests)"));
+                          two_phase::exchange_cuts(cuts, n, comm, kPollMicros, "aggregated read (requests)",
+                                                   [&](size_t i) { return cuts[i].joins; }));
   const std::vector<WindowPlan> plans = plan_windows(g, me, asked, cuts);
 
   // Every receive goes up first, straight into the destinations, in (aggregator, window) order:
   // each aggregator sends its windows in that order, and MPI keeps messages between two ranks
-  // in order.
+  // in order. One contiguous receive per run of pieces back to back in memory (a shard's rows,
+  // which the file interleaves with other ranks' rows): such a message moves in one copy between
+  // processes, where one of many blocks is packed and unpacked in small fragments.
   Status local;
   std::vector<MPI_Request> recvs;
   for (size_t i = 0; i < cuts.size();) {
-    size_t j = i;
-    std::vector<std::pair<MPI_Aint, uint64_t>> blocks;
-    for (; j < cuts.size() && cuts[j].agg == cuts[i].agg && cuts[j].window == cuts[i].window; ++j) {
-      MPI_Aint addr = 0;
-      MPI_Get_address(cuts[j].dst, &addr);
-      blocks.push_back({addr, cuts[j].length});
-    }
+    size_t j = i + 1;
+    uint64_t bytes = cuts[i].length;
+    for (; j < cuts.size() && cuts[j].joins; ++j) bytes += cuts[j].length;
     if (cuts[i].agg != me) {
-      Status st = post(false, nullptr, blocks, cuts[i].agg, comm, recvs);
+      Status st = post(false, cuts[i].dst, {{0, bytes}}, cuts[i].agg, comm, recvs);
       if (local.ok() && !st.ok()) local = st;
-      for (const auto& b : blocks) report.bytes_received += b.second;
+      report.bytes_received += bytes;
+      ++report.messages;
     }
     i = j;
   }
@@ -237,10 +253,10 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
     else local = f.status();
   }
   if (!plans.empty() && file && pool) {
-    pool->reserve(kSlots * g.window);
-    if (pool->capacity() < kSlots * g.window)
-      local =
-          Status(ErrorCode::kIo, "could not allocate " + std::to_string(kSlots * g.window) + " bytes of read windows");
+    pool->reserve(kReadWindowBuffers * g.window);
+    if (pool->capacity() < kReadWindowBuffers * g.window)
+      local = Status(ErrorCode::kIo,
+                     "could not allocate " + std::to_string(kReadWindowBuffers * g.window) + " bytes of read windows");
     slots = pool->base();
   }
   if (!plans.empty() && file && !slots && local.ok()) local = Status(ErrorCode::kInternal, "no read window buffers");
@@ -252,11 +268,29 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
       char* buf = reader.slot(j);
       for (const auto& [at, to] : plans[j].local) std::memcpy(to.first, buf + at, to.second);
       sends[j % kSlots].clear();
-      for (const auto& [rank, blocks] : plans[j].sends) {
-        Status st = post(true, buf, blocks, rank, comm, sends[j % kSlots]);
-        if (local.ok() && !st.ok()) local = st;
-        for (const auto& b : blocks) report.bytes_sent += b.second;
-      }
+      // A message of several runs is packed into the slot's packing area (free again: its
+      // previous sends completed before the slot was read into); what does not fit there, with
+      // requests of several ranks overlapping, goes as a type of many blocks.
+      char* packed = slots + (kSlots + j % kSlots) * g.window;
+      uint64_t fill = 0;
+      for (const auto& [rank, messages] : plans[j].sends)
+        for (const Message& m : messages) {
+          Status st;
+          if (m.runs.size() == 1) {
+            st = post(true, buf + m.runs[0].first, {{0, m.bytes}}, rank, comm, sends[j % kSlots]);
+          } else if (fill + m.bytes <= g.window) {
+            char* to = packed + fill;
+            for (const auto& [at, len] : m.runs) std::memcpy(to, buf + at, len), to += len;
+            st = post(true, packed + fill, {{0, m.bytes}}, rank, comm, sends[j % kSlots]);
+            fill += m.bytes;
+          } else {
+            two_phase::Blocks blocks;
+            for (const auto& [at, len] : m.runs) blocks.push_back({static_cast<MPI_Aint>(at), len});
+            st = post(true, buf, blocks, rank, comm, sends[j % kSlots]);
+          }
+          if (local.ok() && !st.ok()) local = st;
+          report.bytes_sent += m.bytes;
+        }
       if (j + 1 >= kSlots) {  // the oldest slot's sends must finish before it is read into again
         auto& done = sends[(j + 1) % kSlots];
         Status st =
@@ -271,14 +305,13 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
     // No file or no memory: send zeros so the receivers complete; the caller's agreement fails.
     std::vector<char> zeros;
     for (const WindowPlan& w : plans)
-      for (const auto& [rank, blocks] : w.sends) {
-        uint64_t bytes = 0;
-        for (const auto& b : blocks) bytes = std::max<uint64_t>(bytes, b.first + b.second);
-        if (zeros.size() < bytes) zeros.assign(bytes, 0);
-        (void)post(true, zeros.data(), blocks, rank, comm, sends[0]);
-        (void)comm::wait_asleep(static_cast<int>(sends[0].size()), sends[0].data(), kPollMicros, "sends", comm);
-        sends[0].clear();
-      }
+      for (const auto& [rank, messages] : w.sends)
+        for (const Message& m : messages) {
+          if (zeros.size() < m.bytes) zeros.assign(m.bytes, 0);
+          (void)post(true, zeros.data(), {{0, m.bytes}}, rank, comm, sends[0]);
+          (void)comm::wait_asleep(static_cast<int>(sends[0].size()), sends[0].data(), kPollMicros, "sends", comm);
+          sends[0].clear();
+        }
   }
   for (auto& s : sends) {
     Status st = comm::wait_asleep(static_cast<int>(s.size()), s.data(), kPollMicros, "read window sends", comm);

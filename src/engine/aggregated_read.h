@@ -29,16 +29,21 @@ struct AggregatedReadReport {
   uint64_t bytes_sent = 0;      ///< bytes sent to other ranks
   uint64_t bytes_received = 0;  ///< bytes received from other ranks
   uint64_t windows = 0;         ///< windows this rank read
+  uint64_t messages = 0;        ///< messages it received (one per run of pieces back to back in memory)
 };
 
+/// Window-sized buffers a two-phase read uses: two windows (one is read while the other is sent)
+/// and, for each, an area where a rank's runs are packed into one contiguous message.
+constexpr uint64_t kReadWindowBuffers = 4;
+
 /// Reads every rank's pieces from `data_file`. `window_bytes` (at most 1 GiB) bounds one read and
-/// one buffer; two window buffers come from `pool` (which must be idle). Collective over
+/// one buffer; kReadWindowBuffers window buffers come from `pool` (which must be idle). Collective over
 /// `comm`, which must carry no other point-to-point traffic meanwhile. A failed read still sends
 /// (then meaningless) bytes so no rank waits forever: the caller's agreement must follow.
 Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
                                              uint64_t window_bytes, StagingPool& pool);
 
-/// The same with the two window buffers from the caller: `slots` holds 2 * window_bytes bytes
+/// The same with the window buffers from the caller: `slots` holds kReadWindowBuffers * window_bytes bytes
 /// (window_bytes >= 64 and the same on every rank). Used under a memory budget.
 Result<AggregatedReadReport> aggregated_read(MPI_Comm comm, const std::string& data_file, std::vector<ReadPiece> pieces,
                                              uint64_t window_bytes, char* slots);

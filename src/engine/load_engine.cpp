@@ -496,8 +496,8 @@ Status stream_to_device(const CheckpointInfo& info, storage::RegionReader& reade
 // stored in another dtype land in a buffer of the stored dtype first and are converted after;
 // verified spans land in a buffer of whole blocks, are checked, then copied out. Those buffers
 // ("units") are scratch memory: without a memory budget all of them exist at once and one
-// aggregated read fills them; under a budget two windows of a quarter of it at most go to the
-// reads, the rest holds units, and the units are read in rounds that fit it (verified spans split
+// aggregated read fills them; under a budget the read's window buffers take at most half of it,
+// the rest holds units, and the units are read in rounds that fit it (verified spans split
 // into whole blocks), every rank taking part in as many rounds as the rank that needs most.
 // The steps, in order: collect_units, pack_rounds, allocate_scratch, then per round read_round,
 // convert_round and check_round.
@@ -519,10 +519,10 @@ struct AggregatedLoad {
       : run(r),
         info(*r.cache.info),
         budget(r.copts.memory_bytes),
-        // Under a budget: two windows of at most a quarter of it, the rest (at least half) for units.
-        window(budget ? std::max<uint64_t>(64, std::min(r.options.read_window_bytes, budget / 4))
+        // Under a budget: the window buffers take at most half of it, the rest for units.
+        window(budget ? std::max<uint64_t>(64, std::min(r.options.read_window_bytes, budget / (2 * kReadWindowBuffers)))
                       : r.options.read_window_bytes),
-        room(budget ? budget - 2 * window : UINT64_MAX) {}
+        room(budget ? budget - kReadWindowBuffers * window : UINT64_MAX) {}
 
   LoadRun& run;
   const CheckpointInfo& info;
@@ -653,13 +653,13 @@ struct AggregatedLoad {
   void allocate_scratch() {
     if (!local.ok()) return;
     if (budget) {
-      run.pool.reserve(2 * window + most);
-      if (run.pool.capacity() < 2 * window + most)
+      run.pool.reserve(kReadWindowBuffers * window + most);
+      if (run.pool.capacity() < kReadWindowBuffers * window + most)
         local = Status(ErrorCode::kIo,
-                       "could not allocate " + std::to_string(2 * window + most) +
+                       "could not allocate " + std::to_string(kReadWindowBuffers * window + most) +
                            " bytes of read windows and buffers within memory_bytes = " + std::to_string(budget));
       slots = run.pool.base();
-      scratch = slots + 2 * window;
+      scratch = slots + kReadWindowBuffers * window;
     } else if (most) {
       if (MemoryBudget* b = run.pool.budget(); b && b->try_reserve(most)) heap_lease = MemoryBudget::Lease(b, most);
       heap.resize(most);
