@@ -249,6 +249,73 @@ TEST_F(DeviceTransfer, UnhashedDevicePiecesGoOverTheDeviceTransport) {
 }
 
 #ifndef H5CKPT_TRANSFER_ON_GPU
+// A device copy that fails as an asynchronous CUDA error does (the copy does not happen, the next
+// wait reports it), on one rank. Copying a source piece down fails the call on every rank before
+// any destination changes: the previous version stays. Writing a destination's device buffers
+// fails every rank too, after the agreement: that destination is then partly new, so no rank
+// keeps the version and the next transfer sends everything (no delta against it) and is exact.
+TEST_F(DeviceTransfer, FailedDeviceCopiesFailEveryRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Halves h;
+  const int m = h.size();
+  const Layout mine = h.source ? Layout{1, m, 1, true} : Layout{m % 2 == 0 ? 2 : 1, m % 2 == 0 ? m / 2 : m, 1, false};
+  Topology t = make_topology(h.comm, mine);
+  TestModel model(mine, t.coords(), h.source);
+  DeviceMirror dev(model.state(), all, true);
+  StateTransfer x(MPI_COMM_WORLD);
+  StateDict* src = h.source ? &dev.state() : nullptr;
+  StateDict* dst = h.source ? nullptr : &dev.state();
+  TransferOptions o;
+  o.version = 1;
+  auto r1 = x.transfer(src, dst, o);
+  ASSERT_TRUE(r1.ok()) << r1.status().to_string();
+  if (h.source) {
+    flip_all(model.state());
+    dev.upload();
+  }
+  std::string first;
+  // Rank 0 (a source) loses its first copy down: with delta on, of the sums computed first; with
+  // it off, of a round's bytes (their sums are computed after the copy).
+  o.version = 2;
+  for (bool delta : {true, false}) {
+    SCOPED_TRACE(delta ? "delta" : "full");
+    if (world_rank() == 0) ASSERT_TRUE(device::simulated_fail_copy(device::staging(), false, 1).ok());
+    o.delta = delta;
+    auto r2 = x.transfer(src, dst, o);
+    expect_agreed_error(r2.status(), ErrorCode::kIo, "copy to host failed");
+    EXPECT_EQ(x.version(), 1);
+    if (!h.source) {
+      dev.download();
+      EXPECT_EQ(model.count_mismatches(&first), 0) << "the device buffers lost version 1: " << first;
+    }
+  }
+  o.delta = true;
+  // The last rank (a destination) loses its first copy up.
+  if (world_rank() == world_size() - 1) ASSERT_TRUE(device::simulated_fail_copy(device::staging(), true, 1).ok());
+  auto r3 = x.transfer(src, dst, o);
+  expect_agreed_error(r3.status(), ErrorCode::kIo, "copy to device failed");
+  auto r4 = x.transfer(src, dst, o);
+  ASSERT_TRUE(r4.ok()) << r4.status().to_string();
+  EXPECT_FALSE(r4->delta) << "a delta against a version a destination no longer holds";
+  EXPECT_EQ(x.version(), 2);
+  if (!h.source) {
+    dev.download();
+    int64_t wrong = 0;  // version 2: every element flipped
+    for (auto& it : model.state().items())
+      for (int64_t j = 0; j < it.shard.numel(); ++j) {
+        const size_t es = dtype_size(it.dtype);
+        unsigned char want[8];
+        h5ckpt::testing::expected_value(it.key, it.dtype,
+                                        h5ckpt::testing::global_flat_index(it.shard, it.global_shape, j), want);
+        want[0] ^= 1;
+        wrong += std::memcmp(want, static_cast<const unsigned char*>(it.data) + j * es, es) != 0;
+      }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+#endif
+
+#ifndef H5CKPT_TRANSFER_ON_GPU
 // Without a GPU runtime a declared device buffer is refused on every rank, naming the key.
 TEST(HostOnlyTransfer, DeviceBuffersAreRefusedWithoutAGpuRuntime) {
   if (device::staging().has_device()) GTEST_SKIP() << "a GPU runtime is present here";

@@ -99,7 +99,9 @@ class H5CKPT_API StateTransfer {
   /// as for a load. `source` / `destination` may be null on ranks without that role; buffers may
   /// be host or device memory (device ones need a GPU runtime, else kUnsupported naming the key).
   /// Collective over the world; every rank returns the same
-  /// Status; on failure the destination buffers are unchanged (but see memory_bytes).
+  /// Status; on failure the destination buffers are unchanged (but see memory_bytes), except when
+  /// writing device buffers fails after the agreement (a failed host-to-device copy): then they
+  /// are partly new, no rank keeps the version, and the next transfer is a full one.
   Result<TransferReport> transfer(const StateDict* source, StateDict* destination, const TransferOptions& options = {});
 
   /// The version of the last committed transfer, or -1 before the first.

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "device/staging.h"
@@ -119,19 +120,25 @@ class SimulatedStaging final : public Staging {
     char* src = backing(dev, bytes);
     if (!src) return out_of_range(dev, bytes);
     if (bytes) std::memset(host, kPoison, bytes);  // whoever reads it before the copy completes sees this
-    if (bytes) enqueue([=] { std::memcpy(host, src, bytes); });
+    if (bytes) enqueue_copy(false, host, src, bytes);
     return Status::Ok();
   }
   Status copy_to_device(void* dev, const void* host, size_t bytes) override {
     char* dst = backing(dev, bytes);
     if (!dst) return out_of_range(dev, bytes);
-    if (bytes) enqueue([=] { std::memcpy(dst, host, bytes); });
+    if (bytes) enqueue_copy(true, dst, host, bytes);
     return Status::Ok();
   }
   uint64_t record() override { return copies_->marker(); }
   Status wait(uint64_t marker) override {
     copies_->wait(marker);
-    return Status::Ok();
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    return std::exchange(failed_, Status::Ok());  // reported once, as a sticky CUDA error is not
+  }
+
+  void fail_copy(bool to_device, uint64_t nth) {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    fail_at_[to_device] = counted_[to_device] + nth;
   }
 
   // The trainer's work: "kernels" run in order on the compute queue, whatever their stream.
@@ -184,13 +191,33 @@ class SimulatedStaging final : public Staging {
                   "simulated device copy of " + std::to_string(bytes) + " bytes outside any device allocation");
   }
   void enqueue(std::function<void()> f) { copies_->enqueue(std::move(f)); }
+  void enqueue_copy(bool to_device, void* to, const void* from, size_t bytes) {
+    uint64_t number = 0;
+    bool fail = false;
+    {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      number = ++counted_[to_device];
+      fail = number == fail_at_[to_device];
+    }
+    if (!fail) return enqueue([=] { std::memcpy(to, from, bytes); });
+    enqueue([this, to_device, number, bytes] {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      if (failed_.ok())
+        failed_ = Status(ErrorCode::kIo, std::string("simulated device copy ") + (to_device ? "to device" : "to host") +
+                                             " failed (injected, copy " + std::to_string(number) + ", " +
+                                             std::to_string(bytes) + " bytes)");
+    });
+  }
 
   mutable std::mutex alloc_mu_;
   mutable std::map<uintptr_t, Alloc> allocs_;
   std::unique_ptr<SerialQueue> copies_;   // the staging stream
   std::unique_ptr<SerialQueue> compute_;  // the trainer's streams (simulated_launch)
   std::mutex stream_mu_;
-  std::map<void*, uint64_t> stream_marker_;  // compute marker of each stream's last launch
+  std::map<void*, uint64_t> stream_marker_;             // compute marker of each stream's last launch
+  std::mutex fault_mu_;                                 // tests' injected copy failures
+  uint64_t counted_[2] = {0, 0}, fail_at_[2] = {0, 0};  // [to_device]: copies so far, the one to fail
+  Status failed_;                                       // a failed copy, until a wait reports it
 };
 
 // Device-to-device transfers as a GPU transport would do them, through the copy queue: a send
@@ -239,6 +266,13 @@ Status simulated_launch(Staging& s, void* stream, void* dev, const void* src, si
   auto* sim = dynamic_cast<SimulatedStaging*>(&s);
   if (!sim) return Status(ErrorCode::kUnsupported, "simulated_launch needs the simulated device");
   return sim->launch(stream, dev, src, bytes, delay_us);
+}
+
+Status simulated_fail_copy(Staging& s, bool to_device, uint64_t nth) {
+  auto* sim = dynamic_cast<SimulatedStaging*>(&s);
+  if (!sim) return Status(ErrorCode::kUnsupported, "simulated_fail_copy needs the simulated device");
+  sim->fail_copy(to_device, nth);
+  return Status::Ok();
 }
 
 std::unique_ptr<comm::Transport> make_simulated_transport(MPI_Comm comm, Staging& s) {

@@ -73,6 +73,11 @@ std::unique_ptr<Staging> make_simulated_staging(int copy_latency_us = 1000);
 /// way a trainer's optimizer step is still running when it calls save. kUnsupported elsewhere.
 Status simulated_launch(Staging& s, void* stream, void* dev, const void* src, size_t bytes, int delay_us);
 
+/// Simulated device only (tests): the `nth` copy to the device (`to_device`) or to the host,
+/// counted from this call, fails as an asynchronous device error does: it does not happen, and
+/// the next wait (or synchronize) returns kIo naming it. kUnsupported elsewhere.
+Status simulated_fail_copy(Staging& s, bool to_device, uint64_t nth);
+
 /// True when `item`'s buffer is device memory (declared by the caller or detected).
 bool is_device_item(const StateItem& item);
 
