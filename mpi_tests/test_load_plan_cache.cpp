@@ -132,7 +132,6 @@ class LoadPlanCacheTest : public ::testing::Test {
     EXPECT_EQ(s.mismatches(seed, &first), 0) << first;
     EXPECT_TRUE(all_ranks(r->plan_cached == cached)) << "plan_cached " << r->plan_cached;
     // Every rank takes the same path: all share the index, or none.
-    if (getenv("LPC_DEBUG")) fprintf(stderr, "rank %d cached %d shared %d\n", world_rank(), r->plan_cached, r->index_shared);
     const bool shared = all_ranks(r->index_shared);
     EXPECT_EQ(shared, !all_ranks(!r->index_shared)) << "some ranks shared the index, others did not";
     return shared;
@@ -251,7 +250,6 @@ TEST_F(LoadPlanCacheTest, IndexChangedInPlaceIsFoundByTheNextLoad) {
   auto r = ck.load(s.state(), path);
   ASSERT_TRUE(all_ranks(!r.ok())) << "a load through the cached plan did not see the changed index";
   const std::string msg = r.status().to_string();
-  if (getenv("LPC_DEBUG")) fprintf(stderr, "rank %d: %s\n", world_rank(), msg.c_str());
   EXPECT_NE(msg.find("names"), std::string::npos) << msg;
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
 }
@@ -274,7 +272,6 @@ TEST_F(LoadPlanCacheTest, TensorBytesChangedInPlaceAreFoundByTheNextLoad) {
   auto r = ck.load(s.state(), path);
   ASSERT_TRUE(all_ranks(!r.ok())) << "changed tensor bytes were loaded";
   const std::string msg = r.status().to_string();
-  if (getenv("LPC_DEBUG")) fprintf(stderr, "rank %d: %s\n", world_rank(), msg.c_str());
   EXPECT_NE(msg.find("w/a"), std::string::npos) << msg;
 }
 
