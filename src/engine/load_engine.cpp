@@ -129,7 +129,8 @@ Result<std::string> read_metadata_message(const std::string& path) {
 }
 
 // The coordinator, format v2: the index image the summary names, read from the data file and
-// validated there, once for all ranks.
+// validated there, once for all ranks. Its own reader: these bytes are not the load's tensor
+// reads (LoadReport::bytes_read).
 Result<std::vector<char>> read_index_image(const storage::v2::Summary& summary, const std::string& data_file) {
   H5CKPT_ASSIGN_OR_RETURN(auto reader, storage::RegionReader::open(data_file));
   H5CKPT_ASSIGN_OR_RETURN(std::vector<char> image, storage::v2::read_image(summary, reader));
@@ -262,7 +263,7 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   }
   if (local.ok() && run.pieces) local = run.pieces->status();  // an invalid multi-piece item
   run.wants = describe_wants(run.state);
-  // The cache key (docs/design.md, "The load plan cache"): the text of metadata.json (a v2
+  // The cache key (docs/design.md, "Plan caches"): the text of metadata.json (a v2
   // summary carries its own checksum and each index table's, so it covers the image too), this
   // rank's requests and load options, and the data file as this rank opened it (device, inode,
   // size, modification and change times): a data file written or replaced since the plan was made
