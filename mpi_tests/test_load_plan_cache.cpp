@@ -67,8 +67,9 @@ class SmallState {
     int64_t bad = 0;
     auto check = [&](const char* key, double got, double want, size_t j) {
       if (got == want) return;
-      if (bad++ == 0) *first = std::string(key) + "[" + std::to_string(j) + "] = " + std::to_string(got) +
-                               ", saved " + std::to_string(want);
+      if (bad++ == 0)
+        *first = std::string(key) + "[" + std::to_string(j) + "] = " + std::to_string(got) + ", saved " +
+                 std::to_string(want);
     };
     for (size_t j = 0; j < a_.size(); ++j)
       check("w/a", a_[j], static_cast<float>(value_of(seed, 1, a_flat(static_cast<int64_t>(j)))), j);
@@ -85,7 +86,8 @@ class SmallState {
     return (a_shard_.box.offset[0] + j / cols) * a_shape_[1] + a_shard_.box.offset[1] + j % cols;
   }
   void fill(int seed) {
-    for (size_t j = 0; j < a_.size(); ++j) a_[j] = static_cast<float>(value_of(seed, 1, a_flat(static_cast<int64_t>(j))));
+    for (size_t j = 0; j < a_.size(); ++j)
+      a_[j] = static_cast<float>(value_of(seed, 1, a_flat(static_cast<int64_t>(j))));
     for (size_t j = 0; j < b_.size(); ++j) b_[j] = value_of(seed, 2, static_cast<int64_t>(j));
     for (size_t j = 0; j < c_.size(); ++j)
       c_[j] = static_cast<float>(value_of(seed, 3, c_shard_.flat->first + static_cast<int64_t>(j)));

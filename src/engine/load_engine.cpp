@@ -149,8 +149,8 @@ Result<std::vector<char>> read_index_image(const storage::v2::Summary& summary, 
 // With `build`, `*keys` receives every key of the checkpoint, sorted (the load contract names the
 // keys nobody asked for). `*agreed` tells an error every rank already has (the sharing step's)
 // from one of this rank alone.
-Result<CheckpointInfo> rank_metadata(LoadRun& run, const std::string& text, bool build,
-                                     std::vector<std::string>* keys, bool* agreed) {
+Result<CheckpointInfo> rank_metadata(LoadRun& run, const std::string& text, bool build, std::vector<std::string>* keys,
+                                     bool* agreed) {
   if (storage::declared_format_version(text) != static_cast<uint64_t>(storage::v2::kFormatVersion)) {
     if (!build) return CheckpointInfo{};
     auto info = storage::metadata_from_json(text, run.reader ? run.reader->file_size() : 0);

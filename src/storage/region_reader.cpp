@@ -75,10 +75,11 @@ Result<RegionReader> RegionReader::open(const std::string& data_file) {
   if (io::fstat(r.fd_, &st) != 0) return io::error("fstat", data_file, errno);
   if (!S_ISREG(st.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data_file + "' is not a regular file");
   r.size_ = static_cast<uint64_t>(st.st_size);
-  const int64_t stamp[8] = {static_cast<int64_t>(st.st_dev),  static_cast<int64_t>(st.st_ino),
-                            static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
-                            st.st_mtim.tv_nsec,              static_cast<int64_t>(st.st_ctim.tv_sec),
-                            st.st_ctim.tv_nsec,              0};
+  // identity(): which file this is, and when it was last written or had its inode changed.
+  const int64_t stamp[] = {static_cast<int64_t>(st.st_dev),          static_cast<int64_t>(st.st_ino),
+                           static_cast<int64_t>(st.st_size),         static_cast<int64_t>(st.st_mtim.tv_sec),
+                           static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<int64_t>(st.st_ctim.tv_sec),
+                           static_cast<int64_t>(st.st_ctim.tv_nsec)};
   r.identity_ = XXH3_64bits(stamp, sizeof stamp);
   return r;
 }
