@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -265,6 +266,52 @@ uint64_t index_bytes(const CheckpointInfo& info) {
     std::exit(1);
   }
   return *bytes;
+}
+
+// What a load that is not served from every rank's plan cache costs at this scale before any
+// rank plans: the coordinator opens the index image with full validation (docs/format.md §6; its
+// read from the data file is not simulated here) and every node gets a copy of the image in
+// shared memory (timed as one memcpy into fresh memory, what one node's copy costs). A load whose
+// every rank's plan is cached skips both (docs/design.md, the load's phases).
+struct IndexCost {
+  uint64_t image_bytes = 0;
+  double validate_cpu_s = 0;  ///< Index::open with validation, best of `repeats`, process CPU time
+  double copy_s = 0;          ///< the node's copy, best of `repeats`, wall
+};
+IndexCost index_cost(const CheckpointInfo& info, int repeats) {
+  const storage::v2::Encoded enc = check(storage::v2::encode(info), "encoding the index");
+  // The tables after the tensors, as a save lays them out.
+  uint64_t end = 0;
+  for (const TensorInfo& t : info.tensors)
+    if (t.file_offset >= 0) end = std::max(end, static_cast<uint64_t>(t.file_offset) + t.nbytes);
+  std::array<int64_t, storage::v2::kTableCount> offsets{};
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (enc.tables[i].empty()) {
+      offsets[i] = -1;
+      continue;
+    }
+    end = (end + 7) / 8 * 8;
+    offsets[i] = static_cast<int64_t>(end);
+    end += enc.tables[i].size();
+  }
+  const storage::v2::Summary summary =
+      check(storage::v2::parse_summary(enc.summary_json(offsets)), "the summary of the index");
+  const std::vector<char> image = enc.image();
+  IndexCost cost;
+  cost.image_bytes = image.size();
+  for (int k = 0; k < repeats; ++k) {
+    const double c0 = cpu_s();
+    check(storage::v2::Index::open(summary, image.data(), image.size(), end, /*validate=*/true),
+          "validating the index");
+    const double dt = cpu_s() - c0;
+    cost.validate_cpu_s = k == 0 ? dt : std::min(cost.validate_cpu_s, dt);
+    const double t0 = now_s();
+    std::vector<char> node_copy(image.size());
+    std::memcpy(node_copy.data(), image.data(), image.size());
+    const double dc = now_s() - t0;
+    cost.copy_s = k == 0 ? dc : std::min(cost.copy_s, dc);
+  }
+  return cost;
 }
 
 // ---- plan digests: the same plans before and after an optimization ---------------------------
@@ -584,6 +631,14 @@ int main(int argc, char** argv) {
   out["metadata_bytes"] = index_bytes(info);
   out["metadata_encoding"] = kIndexEncoding;
   out["metadata_s"] = now_s() - t0;
+  {
+    const IndexCost cost = index_cost(info, o.repeats);
+    out["load_index_image_bytes"] = cost.image_bytes;
+    out["load_index_validate_cpu_s"] = cost.validate_cpu_s;
+    out["load_index_node_copy_s"] = cost.copy_s;
+    // What a load whose every rank's plan is cached no longer spends before its reads.
+    out["load_cached_skips_s"] = cost.validate_cpu_s + cost.copy_s;
+  }
 
   // ---- load in another layout: every rank's requests, the coordinator's groups and roles ----
   const ModelLayout loading = make_layout(o, o.load);

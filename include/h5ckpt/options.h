@@ -234,6 +234,10 @@ struct LoadReport {
   int verify_threads = 0;  ///< threads that checked blocks beside the reads (0: inline)
   double total_s = 0;
   bool plan_cached = false;
+  /// This load read the checkpoint's index (format v2) on the coordinator, validated it and copied
+  /// it into every node's shared memory. False when every rank's load plan was cached for this
+  /// checkpoint and data file (plan_cached): such a load skips that step.
+  bool index_shared = false;
   std::string transport;  ///< "mpi", "mpi-aggregated" (aggregate_reads) or "mpi+<device transport>"
 };
 

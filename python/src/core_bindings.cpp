@@ -97,6 +97,7 @@ py::dict load_report_dict(const LoadReport& r) {
   d["exchange_s"] = r.exchange_s;
   d["total_s"] = r.total_s;
   d["plan_cached"] = r.plan_cached;
+  d["index_shared"] = r.index_shared;
   d["transport"] = r.transport;
   return d;
 }
@@ -472,6 +473,7 @@ void bind_core(py::module_& m) {
       .def_readonly("exchange_s", &LoadReport::exchange_s)
       .def_readonly("total_s", &LoadReport::total_s)
       .def_readonly("plan_cached", &LoadReport::plan_cached)
+      .def_readonly("index_shared", &LoadReport::index_shared)
       .def_readonly("transport", &LoadReport::transport)
       .def("to_dict", &load_report_dict)
       .def("__repr__", [](const LoadReport& r) { return dict_repr("LoadReport", load_report_dict(r)); });

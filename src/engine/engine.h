@@ -157,7 +157,7 @@ struct DeviceLink {
 struct LoadPlanCache {
   uint64_t meta_hash = 0;
   uint64_t request_hash = 0;
-  uint64_t data_size = 0;
+  uint64_t data_identity = 0;                  ///< RegionReader::identity() of the data file
   std::shared_ptr<const CheckpointInfo> info;  ///< null: nothing cached
   planner::RankLoadPlan plan;
   bool any_device = false;        ///< some rank loads into device memory

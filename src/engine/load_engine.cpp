@@ -116,35 +116,41 @@ planner::StoredTensor stored_of(const CheckpointInfo& info, const std::string& k
 
 // ---- Phase 1: metadata --------------------------------------------------------------------
 
-// The coordinator's view of a checkpoint: its directory and the text of metadata.json, and for
-// format v2 the index image (`*image`), read from the data file and validated there, once for all
-// ranks.
-Result<std::string> read_metadata_message(const std::string& path, std::vector<char>* image) {
+// The coordinator's view of a checkpoint: its directory and the text of metadata.json (format v2:
+// its summary checked). The index image is read later, and only when some rank must build its
+// metadata (read_index_image).
+Result<std::string> read_metadata_message(const std::string& path) {
   H5CKPT_ASSIGN_OR_RETURN(std::string dir, storage::resolve_checkpoint_dir(path));
   H5CKPT_ASSIGN_OR_RETURN(std::string text,
                           storage::read_whole_file((fs::path(dir) / storage::kMetadataFileName).string()));
-  if (storage::declared_format_version(text) == static_cast<uint64_t>(storage::v2::kFormatVersion)) {
-    H5CKPT_ASSIGN_OR_RETURN(storage::v2::Summary summary, storage::v2::parse_summary(text));
-    H5CKPT_ASSIGN_OR_RETURN(auto reader,
-                            storage::RegionReader::open((fs::path(dir) / storage::kDataFileName).string()));
-    H5CKPT_ASSIGN_OR_RETURN(*image, storage::v2::read_image(summary, reader));
-    H5CKPT_RETURN_IF_ERROR(
-        storage::v2::Index::open(summary, image->data(), image->size(), reader.file_size(), /*validate=*/true)
-            .status());
-  }
+  if (storage::declared_format_version(text) == static_cast<uint64_t>(storage::v2::kFormatVersion))
+    H5CKPT_RETURN_IF_ERROR(storage::v2::parse_summary(text).status());
   return wire::encode_pair(dir, text);
+}
+
+// The coordinator, format v2: the index image the summary names, read from the data file and
+// validated there, once for all ranks. Its own reader: these bytes are not the load's tensor
+// reads (LoadReport::bytes_read).
+Result<std::vector<char>> read_index_image(const storage::v2::Summary& summary, const std::string& data_file) {
+  H5CKPT_ASSIGN_OR_RETURN(auto reader, storage::RegionReader::open(data_file));
+  H5CKPT_ASSIGN_OR_RETURN(std::vector<char> image, storage::v2::read_image(summary, reader));
+  H5CKPT_RETURN_IF_ERROR(
+      storage::v2::Index::open(summary, image.data(), image.size(), reader.file_size(), /*validate=*/true).status());
+  return image;
 }
 
 // This rank's CheckpointInfo: for format v2 only the tensors it loads (all of them when every
 // region is verified, which splits all regions over the ranks), read in place from its node's one
-// copy of the image the coordinator validated (comm::NodeShared, freed before returning); format
-// v1 parses and validates the whole JSON. For format v2 collective (the node's shared memory):
-// every rank takes part, also one that builds nothing (`build` false: its plan is cached, or it
-// could not open the data file).
+// copy of the image the coordinator read and validated (comm::NodeShared, freed before returning;
+// the coordinator's read errors reach every rank through the sharing step's agreement); format
+// v1 parses and validates the whole JSON. Runs only when some rank must build (resolve_metadata):
+// for format v2 collective (the node's shared memory), every rank takes part, also one that
+// builds nothing (`build` false: its plan is cached).
 // With `build`, `*keys` receives every key of the checkpoint, sorted (the load contract names the
-// keys nobody asked for).
-Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text, const std::vector<char>& image,
-                                     bool build, std::vector<std::string>* keys) {
+// keys nobody asked for). `*agreed` tells an error every rank already has (the sharing step's)
+// from one of this rank alone.
+Result<CheckpointInfo> rank_metadata(LoadRun& run, const std::string& text, bool build, std::vector<std::string>* keys,
+                                     bool* agreed) {
   if (storage::declared_format_version(text) != static_cast<uint64_t>(storage::v2::kFormatVersion)) {
     if (!build) return CheckpointInfo{};
     auto info = storage::metadata_from_json(text, run.reader ? run.reader->file_size() : 0);
@@ -158,13 +164,19 @@ Result<CheckpointInfo> rank_metadata(const LoadRun& run, const std::string& text
   H5CKPT_ASSIGN_OR_RETURN(storage::v2::Summary summary, storage::v2::parse_summary(text));
   const uint64_t size = summary.image_bytes();
   auto shared = run.topo.share_with_nodes(size, [&](char* out) {
-    if (image.size() != size)
+    auto image = read_index_image(summary, run.data_file);
+    if (!image.ok()) return image.status();
+    if (image->size() != size)
       return Status(ErrorCode::kInternal,
-                    "index image of " + std::to_string(image.size()) + " bytes, summary says " + std::to_string(size));
-    std::memcpy(out, image.data(), size);
+                    "index image of " + std::to_string(image->size()) + " bytes, summary says " + std::to_string(size));
+    std::memcpy(out, image->data(), size);
     return Status::Ok();
   });
-  H5CKPT_RETURN_IF_ERROR(shared.status());
+  if (!shared.ok()) {
+    *agreed = true;
+    return shared.status();
+  }
+  run.report.index_shared = true;
   auto index = storage::v2::Index::open(summary, shared->data(), size, 0, /*validate=*/false);
   Result<CheckpointInfo> info = index.status();
   if (!build) {
@@ -222,16 +234,17 @@ Status settle_contract(LoadRun& run) {
   return Status::Ok();
 }
 
-// The coordinator resolves `latest` and reads the metadata (format v2: and the index image);
-// every rank receives the same bytes and opens the data file. Unless every rank has this exact
-// metadata and request set planned already, each builds the metadata of the tensors it loads
-// and checks its items against it. One agreement ends the phase; `*replan` says whether the plan
-// must be made again.
+// The coordinator resolves `latest` and reads metadata.json; every rank receives the same bytes,
+// opens the data file and says whether its plan for exactly this checkpoint and request set is
+// cached. One agreement settles that before anything else is read: when every rank's is, the
+// phase ends there (no index image read, validated or shared). Otherwise the coordinator reads
+// and validates the index image, every node gets one copy, each rank whose plan is not cached
+// builds the metadata of the tensors it loads and checks its items against it, and a second
+// agreement ends the phase. `*replan` says whether the plan must be made again.
 Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, bool* host_only) {
   PhaseScope scope("load", "metadata");
   Result<std::string> text = std::string();
-  std::vector<char> image;  // coordinator, format v2: the validated index image
-  if (run.coordinator()) text = read_metadata_message(path, &image);
+  if (run.coordinator()) text = read_metadata_message(path);
   auto msg = bcast_outcome(text, run.topo);
   if (!msg.ok()) return msg.status().with_context("load '" + path + "'");
   H5CKPT_ASSIGN_OR_RETURN(auto dir_meta, wire::decode_pair(*msg));
@@ -250,22 +263,35 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   }
   if (local.ok() && run.pieces) local = run.pieces->status();  // an invalid multi-piece item
   run.wants = describe_wants(run.state);
-  // A v2 summary carries its tables' checksums, so its hash covers the image too.
+  // The cache key (docs/design.md, "Plan caches"): the text of metadata.json (a v2
+  // summary carries its own checksum and each index table's, so it covers the image too), this
+  // rank's requests and load options, and the data file as this rank opened it (device, inode,
+  // size, modification and change times): a data file written or replaced since the plan was made
+  // could hold another index than the summary names, so it goes the full way and is validated.
   const uint64_t meta_hash = XXH3_64bits(json.data(), json.size());
   const uint64_t req_hash = request_hash(run.wants, run.options);
   LoadPlanCache& cache = run.cache;
   int flags[2] = {0, 1};  // {every rank planned this already, no device buffer anywhere}
   flags[0] = local.ok() && cache.info && cache.meta_hash == meta_hash && cache.request_hash == req_hash &&
-             cache.data_size == run.reader->file_size();
+             cache.data_identity == run.reader->identity();
   flags[1] = std::none_of(run.wants.begin(), run.wants.end(), [](const auto& w) { return w.on_device; });
+  const bool mine_cached = flags[0] != 0;
+  if (!mine_cached) cache = LoadPlanCache{};
+  // Every rank takes the same path: one that skipped the index alone would leave the others in
+  // the node-sharing collective.
+  H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world(), flags, 2).with_context(run.where));
+  *replan = flags[0] == 0;
+  *host_only = flags[1] != 0;
+  if (!*replan) return Status::Ok();
+
   auto keys = std::make_shared<std::vector<std::string>>();
-  auto parsed = rank_metadata(run, json, image, !flags[0] && local.ok(), keys.get());
-  if (!flags[0]) {
-    cache = LoadPlanCache{};
-    if (local.ok()) {
-      if (parsed.ok()) cache.info = std::make_shared<const CheckpointInfo>(std::move(parsed).value());
-      else local = parsed.status();
-    }
+  bool agreed = false;
+  auto parsed = rank_metadata(run, json, !mine_cached, keys.get(), &agreed);
+  if (agreed) return parsed.status().with_context(run.where);  // e.g. the coordinator's read of the index
+  if (!parsed.ok()) {
+    local = parsed.status();
+  } else if (!mine_cached) {
+    cache.info = std::make_shared<const CheckpointInfo>(std::move(parsed).value());
     // Every item is checked before any transfer, so no rank waits for bytes that never come: a
     // malformed item fails here; what the checkpoint cannot give goes into the contract, which
     // settle_contract merges over the ranks.
@@ -295,19 +321,15 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
     if (local.ok()) {
       cache.meta_hash = meta_hash;
       cache.request_hash = req_hash;
-      cache.data_size = run.reader->file_size();
+      cache.data_identity = run.reader->identity();
     }
   }
-  H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world(), flags, 2).with_context(run.where));
-  *replan = flags[0] == 0;
-  *host_only = flags[1] != 0;
-  if (*replan) {
-    // A rank whose own request was cached checked it last time: its skips come from the cache.
-    for (size_t i = 0; i < run.wants.size() && i < cache.skips.size(); ++i) run.wants[i].skip = cache.skips[i] != 0;
-    if (Status settled = settle_contract(run); !settled.ok()) {
-      cache = LoadPlanCache{};  // never reused with a contract that was not settled
-      return settled;
-    }
+  H5CKPT_RETURN_IF_ERROR(comm::agree(local, run.world()).with_context(run.where));
+  // A rank whose own request was cached checked it last time: its skips come from the cache.
+  for (size_t i = 0; i < run.wants.size() && i < cache.skips.size(); ++i) run.wants[i].skip = cache.skips[i] != 0;
+  if (Status settled = settle_contract(run); !settled.ok()) {
+    cache = LoadPlanCache{};  // never reused with a contract that was not settled
+    return settled;
   }
   return Status::Ok();
 }

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <xxhash.h>
+
 #include "storage/posix_io.h"
 #include "storage/verify_blocks.h"
 #include "util/checked_math.h"
@@ -73,6 +75,12 @@ Result<RegionReader> RegionReader::open(const std::string& data_file) {
   if (io::fstat(r.fd_, &st) != 0) return io::error("fstat", data_file, errno);
   if (!S_ISREG(st.st_mode)) return Status(ErrorCode::kCorrupt, "'" + data_file + "' is not a regular file");
   r.size_ = static_cast<uint64_t>(st.st_size);
+  // identity(): which file this is, and when it was last written or had its inode changed.
+  const int64_t stamp[] = {static_cast<int64_t>(st.st_dev),          static_cast<int64_t>(st.st_ino),
+                           static_cast<int64_t>(st.st_size),         static_cast<int64_t>(st.st_mtim.tv_sec),
+                           static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<int64_t>(st.st_ctim.tv_sec),
+                           static_cast<int64_t>(st.st_ctim.tv_nsec)};
+  r.identity_ = XXH3_64bits(stamp, sizeof stamp);
   return r;
 }
 
@@ -85,6 +93,7 @@ RegionReader::RegionReader(RegionReader&& o) noexcept
       check_ns_(o.check_ns_),
       spares_(std::move(o.spares_)),
       size_(o.size_),
+      identity_(o.identity_),
       bytes_read_(o.bytes_read_),
       path_(std::move(o.path_)),
       bounce_(std::move(o.bounce_)),

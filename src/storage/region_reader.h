@@ -24,6 +24,10 @@ class RegionReader {
 
   uint64_t file_size() const { return size_; }
   uint64_t bytes_read() const { return bytes_read_; }
+  /// The data file as it was opened: a hash of its device, inode, size and modification and
+  /// status-change times. Any write to the file, or another file put in its place, changes it
+  /// (the change time cannot be set back), so a cache keyed on it never outlives the bytes.
+  uint64_t identity() const { return identity_; }
 
   /// Reads `region` (global coordinates, inside the tensor) of tensor `t` into `dst`, a buffer
   /// laid out as `frame` with elements of `dst_type` (converted with round-to-nearest-even when
@@ -88,6 +92,7 @@ class RegionReader {
   struct Spares;                    // landing buffers of deferred checks, reused
   std::shared_ptr<Spares> spares_;  // shared with the jobs that hold them
   uint64_t size_ = 0;
+  uint64_t identity_ = 0;
   uint64_t bytes_read_ = 0;
   int64_t delivered_ = 0;  // elements of the current read() placed in the destination
   std::string path_;
