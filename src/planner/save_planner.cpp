@@ -44,6 +44,31 @@ Status validate_key(const std::string& key) {
   return Status::Ok();
 }
 
+ShardSpec TensorPlan::shard(size_t region) const {
+  const PlannedRegion& r = regions[region];
+  ShardSpec s{boxes[r.box], std::nullopt};
+  if (r.flat) s.flat = std::pair{r.begin, r.end};
+  return s;
+}
+
+bool TensorPlan::holds(size_t region, const ShardSpec& s) const {
+  const PlannedRegion& r = regions[region];
+  if (r.flat != s.flat.has_value()) return false;
+  if (s.flat && (s.flat->first != r.begin || s.flat->second != r.end)) return false;
+  return boxes[r.box] == s.box;  // without a flat range, begin and end follow from the box
+}
+
+void TensorPlan::add_region(const ShardSpec& s, int writer) {
+  size_t b = boxes.size();
+  while (b > 0 && !(boxes[b - 1] == s.box)) --b;
+  if (b == 0) {
+    boxes.push_back(s.box);
+    b = boxes.size();
+  }
+  const int64_t begin = s.flat ? s.flat->first : 0, end = s.flat ? s.flat->second : s.box.volume();
+  regions.push_back(PlannedRegion{begin, end, static_cast<uint32_t>(b - 1), s.flat ? 1u : 0u, writer});
+}
+
 namespace {
 
 uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull; }
@@ -67,15 +92,16 @@ std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
   return s.flat ? *s.flat : std::pair<int64_t, int64_t>{0, s.box.volume()};
 }
 
-// A unique non-empty region of a tensor: the first holder's description of it (moved or copied
-// into the plan once every check has passed), with what the checks need kept beside it so that
-// they compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at
-// 8,960 ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
+// A unique non-empty region of a tensor: the first holder's description of it (for messages and
+// the exact overlap test), with what the checks and the plan need kept beside it so that they
+// compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at 8,960
+// ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
 struct UniqueRegion {
   const ShardSpec* shard;
-  int64_t begin, end;  // flat_span(*shard)
-  uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
-  uint32_t tensor;     // its TensorAcc
+  int64_t begin, end;    // flat_span(*shard)
+  uint32_t box;          // the tensor's distinct box it lies in (TensorAcc::boxes)
+  uint32_t tensor : 31;  // its TensorAcc
+  uint32_t flat : 1;     // shard->flat is set
 };
 
 // Of box and range: replicas hash alike.
@@ -133,7 +159,7 @@ struct TensorAcc {
       if (k == kEmptySlot) {
         slots[i] = static_cast<uint32_t>(regions.size());
         regions.push_back(static_cast<uint32_t>(pool.size()));
-        pool.push_back(UniqueRegion{&shard, begin, end, box_id(shard.box, bh), tensor});
+        pool.push_back(UniqueRegion{&shard, begin, end, box_id(shard.box, bh), tensor, shard.flat ? 1u : 0u});
         return regions.back();
       }
       const UniqueRegion& known = pool[regions[k]];
@@ -297,11 +323,9 @@ BulkVector<uint32_t> largest_first(const Jobs& jobs) {
   return order;
 }
 
-// plan_save for both overloads: `consumed` is `ranks` itself when the caller gave them up, and
-// then each region's shard is moved into the plan rather than copied (a copy is two allocations
-// per region: 2.9 million at 8,960 ranks, and fresh memory to fault in).
-Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
-                                std::vector<std::vector<ItemDesc>>* consumed) {
+}  // namespace
+
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   std::vector<TensorAcc> accs;
   std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
   size_t nitems = 0;
@@ -399,10 +423,15 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
   region_of_item = {};
   for (TensorAcc& acc : accs) acc.slots = acc.box_slots = {};
 
-  // Each tensor's plan without its regions, from its first declaration.
+  // Each tensor's plan without its regions, from its first declaration, with its distinct boxes
+  // (numbered in the scan: the regions refer to them by that number).
   std::vector<TensorPlan> heads(accs.size());
-  for (size_t a = 0; a < accs.size(); ++a)
-    heads[a] = TensorPlan{accs[a].first->key, accs[a].first->dtype, accs[a].first->global_shape, {}};
+  for (size_t a = 0; a < accs.size(); ++a) {
+    const TensorAcc& acc = accs[a];
+    heads[a] = TensorPlan{acc.first->key, acc.first->dtype, acc.first->global_shape, {}, {}};
+    heads[a].boxes.reserve(acc.boxes.size());
+    for (const TensorAcc::DistinctBox& b : acc.boxes) heads[a].boxes.push_back(*b.box);
+  }
 
   // Tensors sorted by key: every rank creates the datasets in this order.
   std::vector<uint32_t> by_key(accs.size());
@@ -432,14 +461,10 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     for (size_t k = 0; k < regions.size(); ++k)
       jobs.push_back(Job{(regions[k].end - regions[k].begin) * es, acc.regions[k]});
   }
-  // The regions into their tensors' plans in pool order (each tensor's in its own order): the
-  // shards are read in the order the ranks' items lie in memory, not jumping between them by key.
-  for (const UniqueRegion& reg : pool) {
-    std::vector<PlannedRegion>& into = heads[reg.tensor].regions;
-    // The shard's owner is one of the consumed items: casting the constness away is sound.
-    if (consumed) into.push_back(PlannedRegion{std::move(*const_cast<ShardSpec*>(reg.shard)), -1});
-    else into.push_back(PlannedRegion{*reg.shard, -1});
-  }
+  // The regions into their tensors' plans (each tensor's in its own order): 24 bytes each from
+  // the pool, without reading the items again.
+  for (const UniqueRegion& reg : pool)
+    heads[reg.tensor].regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
   for (uint32_t a : by_key) plan.tensors.push_back(std::move(heads[a]));
 
   // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
@@ -462,12 +487,6 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     for (PlannedRegion& reg : tp.regions) reg.writer = writer_at[pos++];
   return plan;
 }
-
-}  // namespace
-
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) { return plan_save_impl(ranks, nullptr); }
-
-Result<SavePlan> plan_save(std::vector<std::vector<ItemDesc>>&& ranks) { return plan_save_impl(ranks, &ranks); }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
                                            const std::vector<ItemDesc>& items, uint64_t max_bytes) {
@@ -492,7 +511,7 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
     for (size_t r = 0; r < t->regions.size(); ++r) {
       if (t->regions[r].writer != rank) continue;
       size_t holder = i;
-      while (holder < run_end && !(t->regions[r].shard == items[holder].shard)) ++holder;
+      while (holder < run_end && !t->holds(r, items[holder].shard)) ++holder;
       if (holder == run_end)
         return Status(ErrorCode::kInternal, "key '" + key + "': rank " + std::to_string(rank) +
                                                 " was chosen to write a region it does not hold");
@@ -504,23 +523,24 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
   });
   std::vector<WriteItem> out;
   for (const Found& f : found) {
-    const PlannedRegion& reg = tensors[f.tensor].regions[f.region];
-    const uint64_t es = dtype_size(tensors[f.tensor].dtype);
+    const TensorPlan& tp = tensors[f.tensor];
+    const PlannedRegion& reg = tp.regions[f.region];
+    const uint64_t es = dtype_size(tp.dtype);
     const int64_t per = static_cast<int64_t>(std::clamp<uint64_t>(max_bytes / es, 1, INT64_MAX));
-    const int64_t n = reg.shard.numel();
+    const int64_t n = reg.numel();
     // The buffer holding the region: the description's own item, or a multi-piece item's.
     const ItemDesc& desc = items[f.item];
     const int item = desc.source >= 0 ? desc.source : f.item;
     const uint64_t base = desc.buffer_offset;
     if (n <= per) {  // the common case: the region in one write, as planned
-      out.push_back(WriteItem{f.tensor, f.region, item, reg.shard, base, static_cast<uint64_t>(n) * es, true});
+      out.push_back(WriteItem{f.tensor, f.region, item, tp.shard(f.region), base, static_cast<uint64_t>(n) * es, true});
       continue;
     }
     // A large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
-    const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
+    const int64_t b0 = reg.begin;
     for (int64_t b = 0; b < n; b += per) {
       const int64_t e = std::min(n, b + per);
-      out.push_back(WriteItem{f.tensor, f.region, item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
+      out.push_back(WriteItem{f.tensor, f.region, item, ShardSpec::flat_range(tp.box_of(f.region), b0 + b, b0 + e),
                               base + static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
     }
   }
