@@ -98,15 +98,14 @@ std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
 // ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
 struct UniqueRegion {
   const ShardSpec* shard;
-  int64_t begin, end;    // flat_span(*shard)
-  uint32_t box;          // the tensor's distinct box it lies in (TensorAcc::boxes)
-  uint32_t tensor : 31;  // its TensorAcc
-  uint32_t flat : 1;     // shard->flat is set
+  int64_t begin, end;  // flat_span(*shard)
+  uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
+  uint32_t flat;       // shard->flat is set
 };
 
-// Of box and range: replicas hash alike.
-uint64_t region_hash(uint64_t box_hash, int64_t begin, int64_t end) {
-  return finish(mix(mix(box_hash, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
+// Of box number and range: replicas hash alike.
+uint64_t region_hash(uint32_t box, int64_t begin, int64_t end) {
+  return finish(mix(mix(box, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
 }
 
 // Every unique region of every tensor, numbered in order of discovery: one pool reserved for the
@@ -146,30 +145,32 @@ struct TensorAcc {
   std::vector<DistinctBox> boxes;
   std::vector<uint32_t> box_slots;  // indices into boxes
 
-  // The pool id of the region `shard`, added to the pool when new.
-  uint32_t find_or_add(uint32_t tensor, const ShardSpec& shard, RegionPool& pool) {
+  // The pool id of the region `shard`, added to the pool when new. Its box is numbered first, so
+  // a known region is recognized by integers (box number, range, flat or not) without reading
+  // its first holder's description, which lies with another rank's items, likely out of cache.
+  uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
     if (2 * (regions.size() + 1) > slots.size())
       rehash(slots, static_cast<uint32_t>(regions.size()), [&](uint32_t k) { return hash_of(pool[regions[k]]); });
-    const uint64_t bh = box_hash(shard.box);
+    const uint32_t box = box_id(shard.box, box_hash(shard.box));
     const auto [begin, end] = flat_span(shard);
-    const uint64_t h = region_hash(bh, begin, end);
+    const uint32_t flat = shard.flat ? 1 : 0;
+    const uint64_t h = region_hash(box, begin, end);
     const size_t mask = slots.size() - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
       const uint32_t k = slots[i];
       if (k == kEmptySlot) {
         slots[i] = static_cast<uint32_t>(regions.size());
         regions.push_back(static_cast<uint32_t>(pool.size()));
-        pool.push_back(UniqueRegion{&shard, begin, end, box_id(shard.box, bh), tensor, shard.flat ? 1u : 0u});
+        pool.push_back(UniqueRegion{&shard, begin, end, box, flat});
         return regions.back();
       }
       const UniqueRegion& known = pool[regions[k]];
-      if (known.begin == begin && known.end == end && boxes[known.box].hash == bh && *known.shard == shard)
-        return regions[k];
+      if (known.box == box && known.begin == begin && known.end == end && known.flat == flat) return regions[k];
     }
   }
 
  private:
-  uint64_t hash_of(const UniqueRegion& r) const { return region_hash(boxes[r.box].hash, r.begin, r.end); }
+  static uint64_t hash_of(const UniqueRegion& r) { return region_hash(r.box, r.begin, r.end); }
 
   uint32_t box_id(const Box& box, uint64_t bh) {
     if (2 * (boxes.size() + 1) > box_slots.size())
@@ -386,7 +387,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
           int64_t bytes = 0;
           if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
             return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
-          region = acc.find_or_add(t, it.shard, pool);
+          region = acc.find_or_add(it.shard, pool);
         }
       }
       region_of_item.push_back(region);
@@ -456,16 +457,17 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
         tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; },
         scratch));
+    // The regions into the plan while the check has them in cache: 24 bytes each, from the pool
+    // alone (the items are not read again).
     const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
     tp.regions.reserve(regions.size());
-    for (size_t k = 0; k < regions.size(); ++k)
-      jobs.push_back(Job{(regions[k].end - regions[k].begin) * es, acc.regions[k]});
+    for (size_t k = 0; k < regions.size(); ++k) {
+      const UniqueRegion& reg = regions[k];
+      tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
+      jobs.push_back(Job{(reg.end - reg.begin) * es, acc.regions[k]});
+    }
+    plan.tensors.push_back(std::move(tp));
   }
-  // The regions into their tensors' plans (each tensor's in its own order): 24 bytes each from
-  // the pool, without reading the items again.
-  for (const UniqueRegion& reg : pool)
-    heads[reg.tensor].regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
-  for (uint32_t a : by_key) plan.tensors.push_back(std::move(heads[a]));
 
   // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
   // holder (ties to the lowest rank). The order is a counting sort by size: region sizes are few
