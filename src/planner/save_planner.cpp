@@ -116,8 +116,8 @@ using RegionPool = BulkVector<UniqueRegion>;
 // Open addressing over 32-bit ids: `slots` (a power of two, at most half full) hold ids whose
 // hashes `hash_of(id)` give their home slots.
 constexpr uint32_t kEmptySlot = UINT32_MAX;
-template <class HashOf>
-void rehash(std::vector<uint32_t>& slots, uint32_t ids, HashOf hash_of) {
+template <class Slots, class HashOf>
+void rehash(Slots& slots, uint32_t ids, HashOf hash_of) {
   slots.assign(std::max<size_t>(8, 2 * slots.size()), kEmptySlot);
   const size_t mask = slots.size() - 1;
   for (uint32_t id = 0; id < ids; ++id) {
@@ -140,10 +140,18 @@ struct TensorAcc {
   const ItemDesc* first;  // key, dtype and global shape as first declared
   int first_rank;
   int last_rank = -1;             // the last rank declaring it: another declaration there is a duplicate
-  std::vector<uint32_t> regions;  // pool ids, in order of first appearance
-  std::vector<uint32_t> slots;    // indices into regions
-  std::vector<DistinctBox> boxes;
-  std::vector<uint32_t> box_slots;  // indices into boxes
+  ArenaVector<uint32_t> regions;  // pool ids, in order of first appearance
+  ArenaVector<uint32_t> slots;    // indices into regions
+  ArenaVector<DistinctBox> boxes;
+  ArenaVector<uint32_t> box_slots;  // indices into boxes
+
+  TensorAcc(const ItemDesc* first_item, int rank, BulkArena& arena)
+      : first(first_item),
+        first_rank(rank),
+        regions(ArenaAllocator<uint32_t>(arena)),
+        slots(ArenaAllocator<uint32_t>(arena)),
+        boxes(ArenaAllocator<DistinctBox>(arena)),
+        box_slots(ArenaAllocator<uint32_t>(arena)) {}
 
   // The pool id of the region `shard`, added to the pool when new. Its box is numbered first, so
   // a known region is recognized by integers (box number, range, flat or not) without reading
@@ -194,7 +202,7 @@ struct TensorAcc {
 // The regions of one tensor, k = 0, 1, ... in order of first appearance.
 struct TensorRegions {
   const RegionPool& pool;
-  const std::vector<uint32_t>& ids;
+  const ArenaVector<uint32_t>& ids;
   size_t size() const { return ids.size(); }
   const UniqueRegion& operator[](size_t k) const { return pool[ids[k]]; }
 };
@@ -226,7 +234,7 @@ struct CheckScratch {
 // boxes (a few per tensor: the TP shards) must be disjoint. Only when two distinct boxes overlap
 // are all the regions' pieces compared, which is exact but slower.
 Status check_disjoint_and_complete(const std::string& key, const Shape& shape, const TensorRegions& regions,
-                                   const std::vector<TensorAcc::DistinctBox>& distinct,
+                                   const ArenaVector<TensorAcc::DistinctBox>& distinct,
                                    const std::function<int(size_t)>& holder_rank, CheckScratch& scratch) {
   int64_t total = 1;
   for (auto s : shape)
@@ -327,10 +335,13 @@ BulkVector<uint32_t> largest_first(const Jobs& jobs) {
 }  // namespace
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
-  std::vector<TensorAcc> accs;
-  std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
+  // The tensors' tables, grown by doubling, take about 30 bytes per item at 8,960 ranks; room
+  // for more is only address space, and beyond it they come from malloc.
+  BulkArena arena(64 * nitems + (1u << 20));
+  std::vector<TensorAcc> accs;
+  std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
   RegionPool pool;
   pool.reserve(nitems);
   // Per item, its region's pool id (kNone: holds nothing), to list the holders after the scan.
@@ -358,7 +369,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
       } else {  // a new key: checked once, here
         if (auto st = validate_key(it.key); !st.ok()) return st.with_context("rank " + std::to_string(r));
         t = static_cast<uint32_t>(accs.size());
-        accs.push_back(TensorAcc{&it, static_cast<int>(r), -1, {}, {}, {}, {}});
+        accs.emplace_back(&it, static_cast<int>(r), arena);
         acc_of.emplace(it.key, t);
         prev = nullptr;
       }
@@ -422,7 +433,6 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
         if (const uint32_t region = region_of_item[k]; region != kNone) holders[next[region]++] = static_cast<int>(r);
   }
   region_of_item = {};
-  for (TensorAcc& acc : accs) acc.slots = acc.box_slots = {};
 
   // Each tensor's plan without its regions, from its first declaration, with its distinct boxes
   // (numbered in the scan: the regions refer to them by that number).
