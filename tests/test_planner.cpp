@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "planner/box_math.h"
+#include "planner/bulk_allocator.h"
 #include "planner/region_index.h"
 #include "planner/save_planner.h"
 
@@ -592,6 +593,12 @@ TEST(PlanSaveErrors, OverlappingNonIdenticalShards) {
   flat[0].push_back(item("opt/m", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 0, 9)));
   flat[1].push_back(item("opt/m", g, ShardSpec::box_of({4, 0}, {4, 2})));
   expect_error(flat, ErrorCode::kInvalidArgument, {"opt/m", "rank 0", "rank 1"});
+  // A whole box and the flat range of all its elements: the same elements, not the same shard
+  // (the planner tells regions apart by box number, range and flatness).
+  Ranks same(2);
+  same[0].push_back(item("opt/v", g, ShardSpec::box_of({0, 0}, {8, 2})));
+  same[1].push_back(item("opt/v", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 0, 16)));
+  expect_error(same, ErrorCode::kInvalidArgument, {"opt/v", "rank 0", "rank 1", "without being identical"});
 }
 
 TEST(PlanSaveErrors, IncompleteCoverage) {
@@ -1042,6 +1049,22 @@ void expect_same_plan(const SavePlan& got, const SavePlan& want, const std::stri
     }
   }
   EXPECT_EQ(got.bytes_by_rank, want.bytes_by_rank) << what;
+}
+
+// The save planner's per-tensor tables grow in a BulkArena: vectors that outgrow its reservation
+// continue in ordinary memory with their values, and arena memory is never handed to free().
+TEST(BulkArena, VectorsOutgrowingTheReservationKeepTheirValues) {
+  BulkArena arena(size_t{4} << 20);  // mapped with huge pages requested: the smallest such arena
+  std::vector<ArenaVector<uint64_t>> vecs;
+  for (int v = 0; v < 3; ++v) vecs.emplace_back(ArenaAllocator<uint64_t>(arena));
+  constexpr uint64_t kEach = 400'000;  // 3 x 3.2 MB of values, more with the doubling: past 4 MiB
+  for (uint64_t i = 0; i < kEach; ++i)
+    for (size_t v = 0; v < vecs.size(); ++v) vecs[v].push_back(i * 3 + v);
+  for (size_t v = 0; v < vecs.size(); ++v) {
+    ASSERT_EQ(vecs[v].size(), kEach);
+    for (uint64_t i = 0; i < kEach; ++i) ASSERT_EQ(vecs[v][i], i * 3 + v) << "vector " << v << " value " << i;
+  }
+  vecs.clear();  // frees the vectors that moved to operator new, and only those
 }
 
 TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {
