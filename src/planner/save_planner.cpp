@@ -103,9 +103,10 @@ struct UniqueRegion {
   uint32_t flat;       // shard->flat is set
 };
 
-// Of box number and range: replicas hash alike.
-uint64_t region_hash(uint32_t box, int64_t begin, int64_t end) {
-  return finish(mix(mix(box, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
+// Of box and range: replicas hash alike. From the shard alone (not its box's number), so that the
+// scan can fetch the slot of an item a few places ahead.
+uint64_t region_hash(uint64_t box_hash, int64_t begin, int64_t end) {
+  return finish(mix(mix(box_hash, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
 }
 
 // Every unique region of every tensor, numbered in order of discovery: one pool reserved for the
@@ -153,16 +154,25 @@ struct TensorAcc {
         boxes(ArenaAllocator<DistinctBox>(arena)),
         box_slots(ArenaAllocator<uint32_t>(arena)) {}
 
+  // Asks for the slot where find_or_add(shard) will start probing: the tables of 15,000 tensors
+  // do not stay in cache, and the scan knows its next items' tensors.
+  void prefetch_slot(const ShardSpec& shard) const {
+    if (slots.empty()) return;
+    const auto [begin, end] = flat_span(shard);
+    __builtin_prefetch(&slots[region_hash(box_hash(shard.box), begin, end) & (slots.size() - 1)]);
+  }
+
   // The pool id of the region `shard`, added to the pool when new. Its box is numbered first, so
   // a known region is recognized by integers (box number, range, flat or not) without reading
   // its first holder's description, which lies with another rank's items, likely out of cache.
   uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
     if (2 * (regions.size() + 1) > slots.size())
       rehash(slots, static_cast<uint32_t>(regions.size()), [&](uint32_t k) { return hash_of(pool[regions[k]]); });
-    const uint32_t box = box_id(shard.box, box_hash(shard.box));
+    const uint64_t bh = box_hash(shard.box);
+    const uint32_t box = box_id(shard.box, bh);
     const auto [begin, end] = flat_span(shard);
     const uint32_t flat = shard.flat ? 1 : 0;
-    const uint64_t h = region_hash(box, begin, end);
+    const uint64_t h = region_hash(bh, begin, end);
     const size_t mask = slots.size() - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
       const uint32_t k = slots[i];
@@ -178,7 +188,7 @@ struct TensorAcc {
   }
 
  private:
-  static uint64_t hash_of(const UniqueRegion& r) { return region_hash(r.box, r.begin, r.end); }
+  uint64_t hash_of(const UniqueRegion& r) const { return region_hash(boxes[r.box].hash, r.begin, r.end); }
 
   uint32_t box_id(const Box& box, uint64_t bh) {
     if (2 * (boxes.size() + 1) > box_slots.size())
@@ -294,6 +304,7 @@ namespace {
 // itself: asking for those of an item a few places ahead lets the cache misses (3.5 million
 // items at 8,960 ranks) overlap instead of each waiting for the one before.
 constexpr size_t kPrefetchAhead = 4;
+constexpr size_t kSlotAhead = 2;
 void prefetch(const ItemDesc& item) {
   __builtin_prefetch(item.key.data());
   __builtin_prefetch(item.global_shape.data());
@@ -358,6 +369,10 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     const std::vector<ItemDesc>* before = r > 0 ? &ranks[r - 1] : nullptr;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       if (i + kPrefetchAhead < ranks[r].size()) prefetch(ranks[r][i + kPrefetchAhead]);
+      // The item two ahead (its description asked for two items ago) likely belongs to the tensor
+      // the previous rank had there: ask for its slot (a wrong guess costs a wasted fetch).
+      if (const size_t j = i + kSlotAhead; j < ranks[r].size() && j < previous.size() && previous[j].first != kNone)
+        accs[previous[j].first].prefetch_slot(ranks[r][j].shard);
       const ItemDesc& it = ranks[r][i];
       const ItemDesc* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
       uint32_t t = kNone;
