@@ -531,11 +531,15 @@ int main(int argc, char** argv) {
   const double plan_save_s = now_s() - t0;
   out["plan_save_cpu_s"] = cpu_s() - c0;
   out["save_plan_digest"] = save_plan_digest(plan);
-  size_t nregions = 0;
-  for (const auto& t : plan.tensors) nregions += t.regions.size();
+  size_t nregions = 0, nboxes = 0;
+  for (const auto& t : plan.tensors) {
+    nregions += t.regions.size();
+    nboxes += t.boxes.size();
+  }
   out["items"] = nitems;
   out["tensors"] = plan.tensors.size();
   out["regions"] = nregions;
+  out["plan_boxes"] = nboxes;  // the regions' distinct boxes, each held once by its TensorPlan
   out["plan_save_s"] = plan_save_s;
 
   std::vector<size_t> writes_per_rank(static_cast<size_t>(o.save.world()), 0);  // regions each rank writes
