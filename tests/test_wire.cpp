@@ -137,6 +137,29 @@ TEST(Wire, TensorPlanEncodingKeepsEachRegionsShard) {
   EXPECT_EQ(encode_tensors(tensors), w.str());
 }
 
+// A decoded region without a flat range spans its whole box: a box whose element count is
+// negative or overflows (a damaged local manifest) is refused, not multiplied out.
+TEST(Wire, TensorPlanWithABoxBeyondInt64IsRefused) {
+  auto plan_with_box = [](const Shape& box_shape) {
+    ByteWriter w;
+    w.put<uint64_t>(1);
+    w.put_string("model/w");
+    w.put<uint8_t>(static_cast<uint8_t>(DType::kF32));
+    w.put_vec(Shape{4, 4});
+    w.put<uint64_t>(1);
+    w.put_vec(Shape(box_shape.size(), 0));
+    w.put_vec(box_shape);
+    w.put<uint8_t>(0);
+    w.put<int32_t>(0);
+    return w.str();
+  };
+  const auto good = decode_tensors(plan_with_box({4, 4}));
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ((*good)[0].regions[0].end, 16);
+  EXPECT_FALSE(decode_tensors(plan_with_box({int64_t{1} << 40, int64_t{1} << 40})).ok());
+  EXPECT_FALSE(decode_tensors(plan_with_box({-1, 4})).ok());
+}
+
 TEST(Wire, RolesRoundTripAndRejectBrokenMessages) {
   const auto roles = sample_roles();
   const std::string msg = encode_roles(roles);

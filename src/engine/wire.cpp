@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "comm/comm.h"
+#include "util/checked_math.h"
 #include "util/bytes.h"
 
 namespace h5ckpt::engine::wire {
@@ -49,6 +50,15 @@ ShardSpec get_shard(ByteReader& r) {
     s.flat = std::make_pair(b, e);
   }
   return s;
+}
+
+// A box's element count, false when an extent is negative or the product overflows (a damaged
+// local manifest must be refused, not multiplied).
+bool box_volume(const Box& box, int64_t* volume) {
+  *volume = 1;
+  for (int64_t e : box.shape)
+    if (e < 0 || !checked_mul(*volume, e, volume)) return false;
+  return true;
 }
 
 // Numbers the distinct boxes of one tensor's regions as they are decoded (the encoding repeats
@@ -153,7 +163,7 @@ Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes
       const int32_t writer = r.get<int32_t>();
       t.regions.push_back(planner::PlannedRegion{s.flat ? s.flat->first : 0, s.flat ? s.flat->second : 0,
                                                  boxes.number(t.boxes, std::move(s.box)), s.flat ? 1u : 0u, writer});
-      if (!s.flat) t.regions.back().end = t.boxes[t.regions.back().box].volume();
+      if (!s.flat && !box_volume(t.boxes[t.regions.back().box], &t.regions.back().end)) bad = true;
     }
     if (!r.ok()) break;
   }
