@@ -244,10 +244,10 @@ CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, 
       saved.offsets.push_back(static_cast<int64_t>(end));
       end += nbytes;
     }
-    for (const planner::PlannedRegion& reg : tp.regions) {
+    for (size_t r = 0; r < tp.regions.size(); ++r) {
       auto& b = saved.blocks[t].emplace_back();
-      b.block_bytes = storage::choose_block_bytes(reg.shard, tp.dtype);
-      const uint64_t region_bytes = static_cast<uint64_t>(reg.shard.numel()) * dtype_size(tp.dtype);
+      b.block_bytes = storage::choose_block_bytes(tp.shard(r), tp.dtype);
+      const uint64_t region_bytes = static_cast<uint64_t>(tp.regions[r].numel()) * dtype_size(tp.dtype);
       b.sums.resize(storage::block_count(region_bytes, b.block_bytes));
       for (uint64_t& s : b.sums) s = sum += 0x9e3779b97f4a7c15ull;  // varied, never 0
       *blocks += b.sums.size();
@@ -336,14 +336,6 @@ struct Digest {
     shape(b.offset);
     shape(b.shape);
   }
-  void shard(const ShardSpec& s) {
-    box(s.box);
-    i64(s.flat ? 1 : 0);
-    if (s.flat) {
-      i64(s.flat->first);
-      i64(s.flat->second);
-    }
-  }
   std::string hex() const {
     char buf[17];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
@@ -358,8 +350,13 @@ std::string save_plan_digest(const planner::SavePlan& plan) {
     d.i64(static_cast<int64_t>(t.dtype));
     d.shape(t.shape);
     d.i64(static_cast<int64_t>(t.regions.size()));
-    for (const auto& r : t.regions) {
-      d.shard(r.shard);
+    for (const auto& r : t.regions) {  // its ShardSpec's fields: box, whether flat, the range
+      d.box(t.boxes[r.box]);
+      d.i64(r.flat);
+      if (r.flat) {
+        d.i64(r.begin);
+        d.i64(r.end);
+      }
       d.i64(r.writer);
     }
   }
@@ -577,17 +574,19 @@ int main(int argc, char** argv) {
     nitems += items[static_cast<size_t>(r)].size();
   }
   double t0 = now_s(), c0 = cpu_s();
-  // The coordinator plans from its gathered copy of the items and gives it up (save_engine), so
-  // the plan takes the regions' shards over instead of copying them.
-  planner::SavePlan plan = check(planner::plan_save(std::move(items)), "plan_save");
+  planner::SavePlan plan = check(planner::plan_save(items), "plan_save");
   const double plan_save_s = now_s() - t0;
   out["plan_save_cpu_s"] = cpu_s() - c0;
   out["save_plan_digest"] = save_plan_digest(plan);
-  size_t nregions = 0;
-  for (const auto& t : plan.tensors) nregions += t.regions.size();
+  size_t nregions = 0, nboxes = 0;
+  for (const auto& t : plan.tensors) {
+    nregions += t.regions.size();
+    nboxes += t.boxes.size();
+  }
   out["items"] = nitems;
   out["tensors"] = plan.tensors.size();
   out["regions"] = nregions;
+  out["plan_boxes"] = nboxes;  // the regions' distinct boxes, each held once by its TensorPlan
   out["plan_save_s"] = plan_save_s;
 
   std::vector<size_t> writes_per_rank(static_cast<size_t>(o.save.world()), 0);  // regions each rank writes

@@ -46,11 +46,11 @@ bool inside(const Box& b, const Shape& c) {
 std::vector<TensorPlan> two_tensors() {
   TensorPlan a;  // 6x4 f32, rows split over writers 0,1,2
   a.key = "a", a.dtype = DType::kF32, a.shape = {6, 4};
-  for (int w = 0; w < 3; ++w) a.regions.push_back({ShardSpec{Box{{2 * w, 0}, {2, 4}}}, w});
+  for (int w = 0; w < 3; ++w) a.add_region(ShardSpec{Box{{2 * w, 0}, {2, 4}}}, w);
   TensorPlan b;  // 4x6 bf16, columns split over writers 2,0 (writer 2 holds the left half)
   b.key = "b", b.dtype = DType::kBF16, b.shape = {4, 6};
-  b.regions.push_back({ShardSpec{Box{{0, 0}, {4, 3}}}, 2});
-  b.regions.push_back({ShardSpec{Box{{0, 3}, {4, 3}}}, 0});
+  b.add_region(ShardSpec{Box{{0, 0}, {4, 3}}}, 2);
+  b.add_region(ShardSpec{Box{{0, 3}, {4, 3}}}, 0);
   return {a, b};
 }
 
@@ -83,7 +83,7 @@ TEST(LocalReads, EveryWantedElementComesOnceFromItsWritersFile) {
     for (const Box& wb : shard_boxes(wants[k]))
       for (const Shape& c : coords_of(wb))
         for (size_t g = 0; g < t.regions.size(); ++g) {
-          const Box& rb = t.regions[g].shard.box;
+          const Box& rb = t.box_of(g);
           if (!inside(rb, c)) continue;
           const int w = t.regions[g].writer;
           expect[dst.index_of(c)] = {server[w], w, off[tensor_of[k]][g] + index_in(rb.offset, rb.shape, c) * es};

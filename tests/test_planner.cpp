@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "planner/box_math.h"
+#include "planner/bulk_allocator.h"
 #include "planner/region_index.h"
 #include "planner/save_planner.h"
 
@@ -456,13 +457,15 @@ void check_plan(const Ranks& ranks, const SavePlan& plan) {
     std::set<std::string> seen;
     for (size_t r = 0; r < tp.regions.size(); ++r) {
       const auto& reg = tp.regions[r];
-      const std::string sig = sig_of(reg.shard);
+      const ShardSpec shard = tp.shard(r);
+      const std::string sig = sig_of(shard);
       ASSERT_TRUE(seen.insert(sig).second) << tp.key << " region listed twice";
       auto h = hk.find(sig);
       ASSERT_NE(h, hk.end()) << tp.key << ": planned region held by nobody";
       ASSERT_TRUE(h->second.count(reg.writer)) << tp.key << ": writer " << reg.writer << " does not hold region";
-      load[reg.writer] += bytes_of(reg.shard, tp.dtype);
-      elems += reg.shard.numel();
+      load[reg.writer] += bytes_of(shard, tp.dtype);
+      EXPECT_EQ(reg.numel(), shard.numel());
+      elems += shard.numel();
       expected_assignments.insert({static_cast<int>(t), static_cast<int>(r)});
     }
     EXPECT_EQ(elems, volume_of(tp.shape)) << tp.key << ": regions do not add up to the tensor";
@@ -480,7 +483,8 @@ void check_plan(const Ranks& ranks, const SavePlan& plan) {
       const auto& reg = plan.tensors[a.tensor].regions[a.region];
       EXPECT_EQ(reg.writer, static_cast<int>(r));
       EXPECT_EQ(ranks[r][a.item].key, plan.tensors[a.tensor].key);
-      EXPECT_EQ(ranks[r][a.item].shard, reg.shard);
+      EXPECT_EQ(ranks[r][a.item].shard, plan.tensors[a.tensor].shard(a.region));
+      EXPECT_TRUE(plan.tensors[a.tensor].holds(a.region, ranks[r][a.item].shard));
       EXPECT_TRUE(assigned.insert({a.tensor, a.region}).second) << "region assigned twice";
     }
   }
@@ -589,6 +593,12 @@ TEST(PlanSaveErrors, OverlappingNonIdenticalShards) {
   flat[0].push_back(item("opt/m", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 0, 9)));
   flat[1].push_back(item("opt/m", g, ShardSpec::box_of({4, 0}, {4, 2})));
   expect_error(flat, ErrorCode::kInvalidArgument, {"opt/m", "rank 0", "rank 1"});
+  // A whole box and the flat range of all its elements: the same elements, not the same shard
+  // (the planner tells regions apart by box number, range and flatness).
+  Ranks same(2);
+  same[0].push_back(item("opt/v", g, ShardSpec::box_of({0, 0}, {8, 2})));
+  same[1].push_back(item("opt/v", g, ShardSpec::flat_range(Box{{0, 0}, {8, 2}}, 0, 16)));
+  expect_error(same, ErrorCode::kInvalidArgument, {"opt/v", "rank 0", "rank 1", "without being identical"});
 }
 
 TEST(PlanSaveErrors, IncompleteCoverage) {
@@ -706,12 +716,13 @@ TEST(PlanSave, ZeroFlatRangesUnevenAndEmpty) {
   EXPECT_EQ(opt.regions.size(), 7u);  // 10 ranges minus 3 empty ones
   // Element coverage, from each region's own decomposition: every element exactly once.
   std::vector<int> hits(42, 0);
-  for (const auto& reg : opt.regions)
-    for (const Box& b : shard_boxes(reg.shard))
+  for (size_t k = 0; k < opt.regions.size(); ++k)
+    for (const Box& b : shard_boxes(opt.shard(k)))
       for (const Shape& c : elements_of(b)) ++hits[c[0] * 7 + c[1]];
   for (int i = 0; i < 42; ++i) EXPECT_EQ(hits[i], 1) << "element " << i;
   // Ranks whose range is empty write nothing of it.
-  for (const auto& reg : opt.regions) EXPECT_GT(reg.shard.numel(), 0);
+  for (size_t k = 0; k < opt.regions.size(); ++k) EXPECT_GT(opt.shard(k).numel(), 0);
+  EXPECT_EQ(opt.boxes.size(), 2u);  // the two TP boxes, shared by their ranges
 }
 
 TEST(PlanSave, EmptyTensorAndRankHoldingNothing) {
@@ -1000,9 +1011,9 @@ SavePlan reference_plan(const Ranks& ranks) {
   plan.bytes_by_rank.assign(ranks.size(), 0);
   std::vector<std::tuple<int64_t, size_t, size_t>> jobs;  // bytes, tensor, region
   for (auto& [key, t] : tensors) {
-    TensorPlan tp{key, t.dtype, t.shape, {}};
+    TensorPlan tp{key, t.dtype, t.shape, {}, {}};
     for (size_t k = 0; k < t.regions.size(); ++k) {
-      tp.regions.push_back(PlannedRegion{t.regions[k], -1});
+      tp.add_region(t.regions[k], -1);
       jobs.emplace_back(bytes_of(t.regions[k], t.dtype), plan.tensors.size(), k);
     }
     plan.tensors.push_back(std::move(tp));
@@ -1027,13 +1038,33 @@ void expect_same_plan(const SavePlan& got, const SavePlan& want, const std::stri
     ASSERT_EQ(g.key, w.key) << what;
     EXPECT_EQ(g.dtype, w.dtype) << what << " " << w.key;
     EXPECT_EQ(g.shape, w.shape) << what << " " << w.key;
+    EXPECT_EQ(g.boxes, w.boxes) << what << " " << w.key;  // each distinct box once, by first appearance
     ASSERT_EQ(g.regions.size(), w.regions.size()) << what << " " << w.key;
     for (size_t k = 0; k < w.regions.size(); ++k) {
-      EXPECT_EQ(sig_of(g.regions[k].shard), sig_of(w.regions[k].shard)) << what << " " << w.key << " region " << k;
+      EXPECT_EQ(sig_of(g.shard(k)), sig_of(w.shard(k))) << what << " " << w.key << " region " << k;
+      EXPECT_EQ(g.regions[k].box, w.regions[k].box) << what << " " << w.key << " region " << k;
+      EXPECT_EQ(g.regions[k].begin, w.regions[k].begin) << what << " " << w.key << " region " << k;
+      EXPECT_EQ(g.regions[k].end, w.regions[k].end) << what << " " << w.key << " region " << k;
       EXPECT_EQ(g.regions[k].writer, w.regions[k].writer) << what << " " << w.key << " region " << k;
     }
   }
   EXPECT_EQ(got.bytes_by_rank, want.bytes_by_rank) << what;
+}
+
+// The save planner's per-tensor tables grow in a BulkArena: vectors that outgrow its reservation
+// continue in ordinary memory with their values, and arena memory is never handed to free().
+TEST(BulkArena, VectorsOutgrowingTheReservationKeepTheirValues) {
+  BulkArena arena(size_t{4} << 20);  // mapped with huge pages requested: the smallest such arena
+  std::vector<ArenaVector<uint64_t>> vecs;
+  for (int v = 0; v < 3; ++v) vecs.emplace_back(ArenaAllocator<uint64_t>(arena));
+  constexpr uint64_t kEach = 400'000;  // 3 x 3.2 MB of values, more with the doubling: past 4 MiB
+  for (uint64_t i = 0; i < kEach; ++i)
+    for (size_t v = 0; v < vecs.size(); ++v) vecs[v].push_back(i * 3 + v);
+  for (size_t v = 0; v < vecs.size(); ++v) {
+    ASSERT_EQ(vecs[v].size(), kEach);
+    for (uint64_t i = 0; i < kEach; ++i) ASSERT_EQ(vecs[v][i], i * 3 + v) << "vector " << v << " value " << i;
+  }
+  vecs.clear();  // frees the vectors that moved to operator new, and only those
 }
 
 TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {
@@ -1123,11 +1154,12 @@ TEST(PlanSaveScale, MegatronLike10000Ranks) {
     const auto& hk = holders.at(t.key);
     ASSERT_EQ(t.regions.size(), hk.size()) << t.key;
     int64_t tb = 0;
-    for (const auto& reg : t.regions) {
-      auto h = hk.find(sig_of(reg.shard));
+    for (size_t k = 0; k < t.regions.size(); ++k) {
+      const auto& reg = t.regions[k];
+      auto h = hk.find(sig_of(t.shard(k)));
       ASSERT_NE(h, hk.end()) << t.key;
       ASSERT_TRUE(h->second.count(reg.writer)) << t.key << ": writer " << reg.writer << " is not a holder";
-      tb += bytes_of(reg.shard, t.dtype);
+      tb += bytes_of(t.shard(k), t.dtype);
     }
     ASSERT_EQ(tb, tensor_bytes.at(t.key)) << t.key << ": regions do not account for every byte";
     planned += tb;

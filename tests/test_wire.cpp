@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/wire.h"
+#include "util/bytes.h"
 
 namespace h5ckpt::engine::wire {
 namespace {
@@ -17,12 +18,24 @@ std::vector<planner::ItemDesc> sample_items() {
           {"extra/step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})}};
 }
 
+// The regions' shards, in order, of sample_tensors.
+std::vector<std::vector<std::pair<ShardSpec, int>>> sample_regions() {
+  const Box top{{0, 0}, {4, 4}}, bottom{{4, 0}, {4, 4}};
+  return {// two boxes, one whole and one in flat ranges, and the first box again after the second
+          {{ShardSpec{top, std::nullopt}, 0},
+           {ShardSpec::flat_range(bottom, 0, 5), 3},
+           {ShardSpec::flat_range(bottom, 5, 16), 2},
+           {ShardSpec::flat_range(top, 0, 16), 1}},
+          {{ShardSpec::whole(Shape{1}), 1}}};
+}
+
 std::vector<planner::TensorPlan> sample_tensors() {
-  return {{"model/w",
-           DType::kBF16,
-           Shape{8, 4},
-           {{ShardSpec::split(Shape{8, 4}, 0, 2, 0), 0}, {ShardSpec::split(Shape{8, 4}, 0, 2, 1), 3}}},
-          {"extra/step", DType::kI64, Shape{1}, {{ShardSpec::whole(Shape{1}), 1}}}};
+  std::vector<planner::TensorPlan> out{{"model/w", DType::kBF16, Shape{8, 4}, {}, {}},
+                                       {"extra/step", DType::kI64, Shape{1}, {}, {}}};
+  const auto regions = sample_regions();
+  for (size_t t = 0; t < out.size(); ++t)
+    for (const auto& [shard, writer] : regions[t]) out[t].add_region(shard, writer);
+  return out;
 }
 
 std::vector<planner::ItemRole> sample_roles() {
@@ -80,14 +93,71 @@ TEST(Wire, TensorPlansRoundTripAndRejectBrokenMessages) {
   for (size_t t = 0; t < tensors.size(); ++t) {
     EXPECT_EQ((*back)[t].key, tensors[t].key);
     EXPECT_EQ((*back)[t].shape, tensors[t].shape);
+    EXPECT_EQ((*back)[t].boxes, tensors[t].boxes);  // numbered alike: first appearance
     ASSERT_EQ((*back)[t].regions.size(), tensors[t].regions.size());
     for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
-      EXPECT_EQ((*back)[t].regions[r].shard, tensors[t].regions[r].shard);
-      EXPECT_EQ((*back)[t].regions[r].writer, tensors[t].regions[r].writer);
+      const planner::PlannedRegion &got = (*back)[t].regions[r], &want = tensors[t].regions[r];
+      EXPECT_EQ((*back)[t].shard(r), sample_regions()[t][r].first) << t << " " << r;
+      EXPECT_EQ(got.writer, sample_regions()[t][r].second);
+      EXPECT_EQ(got.box, want.box);
+      EXPECT_EQ(got.flat, want.flat);
+      EXPECT_EQ(got.begin, want.begin);
+      EXPECT_EQ(got.end, want.end);
     }
   }
+  EXPECT_EQ(tensors[0].boxes.size(), 2u);  // the plan keeps each distinct box once
+  EXPECT_EQ(tensors[0].regions[0].end, 16);  // a whole box: all its elements
   expect_rejects_truncations_and_trailers(msg, decode_tensors, "decode_tensors");
   EXPECT_FALSE(decode_tensors(with_count(msg, ~0ull)).ok());
+}
+
+// Local manifests store the encoded plan: its bytes are what they were when each region carried
+// its own shard (written here from the shards, field by field), though the plan now shares boxes.
+TEST(Wire, TensorPlanEncodingKeepsEachRegionsShard) {
+  const auto tensors = sample_tensors();
+  const auto regions = sample_regions();
+  ByteWriter w;
+  w.put<uint64_t>(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    w.put_string(tensors[t].key);
+    w.put<uint8_t>(static_cast<uint8_t>(tensors[t].dtype));
+    w.put_vec(tensors[t].shape);
+    w.put<uint64_t>(regions[t].size());
+    for (const auto& [shard, writer] : regions[t]) {
+      w.put_vec(shard.box.offset);
+      w.put_vec(shard.box.shape);
+      w.put<uint8_t>(shard.flat ? 1 : 0);
+      if (shard.flat) {
+        w.put<int64_t>(shard.flat->first);
+        w.put<int64_t>(shard.flat->second);
+      }
+      w.put<int32_t>(writer);
+    }
+  }
+  EXPECT_EQ(encode_tensors(tensors), w.str());
+}
+
+// A decoded region without a flat range spans its whole box: a box whose element count is
+// negative or overflows (a damaged local manifest) is refused, not multiplied out.
+TEST(Wire, TensorPlanWithABoxBeyondInt64IsRefused) {
+  auto plan_with_box = [](const Shape& box_shape) {
+    ByteWriter w;
+    w.put<uint64_t>(1);
+    w.put_string("model/w");
+    w.put<uint8_t>(static_cast<uint8_t>(DType::kF32));
+    w.put_vec(Shape{4, 4});
+    w.put<uint64_t>(1);
+    w.put_vec(Shape(box_shape.size(), 0));
+    w.put_vec(box_shape);
+    w.put<uint8_t>(0);
+    w.put<int32_t>(0);
+    return w.str();
+  };
+  const auto good = decode_tensors(plan_with_box({4, 4}));
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ((*good)[0].regions[0].end, 16);
+  EXPECT_FALSE(decode_tensors(plan_with_box({int64_t{1} << 40, int64_t{1} << 40})).ok());
+  EXPECT_FALSE(decode_tensors(plan_with_box({-1, 4})).ok());
 }
 
 TEST(Wire, RolesRoundTripAndRejectBrokenMessages) {

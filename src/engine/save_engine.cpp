@@ -139,7 +139,7 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
       else st = d.status().with_context("from rank " + std::to_string(r));
     }
     Result<planner::SavePlan> plan = st;
-    if (st.ok()) plan = planner::plan_save(std::move(all));  // the gathered copy is not used again
+    if (st.ok()) plan = planner::plan_save(all);
     plan_bytes = plan.ok() ? Result<std::string>(wire::encode_tensors(plan->tensors))
                            : Result<std::string>(plan.status().with_context("planning"));
   }
@@ -459,6 +459,7 @@ struct SaveWrite {
   uint64_t window = 0;
   Status local;
   std::optional<storage::BlockHasher> hasher;  // of the region whose pieces are streaming by
+  uint64_t hasher_block_bytes = 0;             // its verification block size
   std::vector<WritePiece> pieces;              // runs for the aggregators
 
   Status fail(const Status& s) {
@@ -530,12 +531,12 @@ struct SaveWrite {
   void write_piece(const SourcedWrite& sourced) {
     const planner::WriteItem& w = *sourced.write;
     const auto& t = tensors[w.tensor];
-    const ShardSpec& region = t.regions[w.region].shard;
     if (job.options.checksums) {
       if (!hasher) {
+        const ShardSpec region = t.shard(static_cast<size_t>(w.region));
         const uint64_t region_bytes = static_cast<uint64_t>(region.numel()) * dtype_size(t.dtype);
-        hasher.emplace(storage::region_identity(t.key, t.dtype, t.shape, region),
-                       storage::choose_block_bytes(region, t.dtype), region_bytes);
+        hasher_block_bytes = storage::choose_block_bytes(region, t.dtype);
+        hasher.emplace(storage::region_identity(t.key, t.dtype, t.shape, region), hasher_block_bytes, region_bytes);
       }
       hasher->update(sourced.data, w.bytes);
     }
@@ -552,7 +553,7 @@ struct SaveWrite {
     if (w.region_end) {
       wire::RegionChecksum sum{w.tensor, w.region, 0, {}};
       if (hasher) {
-        sum.block_bytes = storage::choose_block_bytes(region, t.dtype);
+        sum.block_bytes = hasher_block_bytes;
         sum.blocks = hasher->finish();
         hasher.reset();
       }

@@ -1,6 +1,9 @@
 #include "engine/wire.h"
 
+#include <unordered_map>
+
 #include "comm/comm.h"
+#include "util/checked_math.h"
 #include "util/bytes.h"
 
 namespace h5ckpt::engine::wire {
@@ -49,6 +52,46 @@ ShardSpec get_shard(ByteReader& r) {
   return s;
 }
 
+// A box's element count, false when an extent is negative or the product overflows (a damaged
+// local manifest must be refused, not multiplied).
+bool box_volume(const Box& box, int64_t* volume) {
+  *volume = 1;
+  for (int64_t e : box.shape)
+    if (e < 0 || !checked_mul(*volume, e, volume)) return false;
+  return true;
+}
+
+// Numbers the distinct boxes of one tensor's regions as they are decoded (the encoding repeats
+// each region's box: local manifests store it), by hash: a tensor may have thousands of boxes.
+// Numbered in order of first appearance, as plan_save numbers them, so a decoded plan equals the
+// encoded one field by field.
+class BoxNumbers {
+ public:
+  void clear() {
+    by_hash_.clear();
+    last_ = UINT32_MAX;
+  }
+  uint32_t number(std::vector<Box>& boxes, Box&& box) {
+    if (last_ != UINT32_MAX && boxes[last_] == box) return last_;  // neighbours often share one
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const Shape* v : {&box.offset, &box.shape}) {
+      h = (h ^ v->size()) * 0x100000001b3ull;
+      for (int64_t x : *v) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;
+    }
+    auto [at, end] = by_hash_.equal_range(h);
+    for (; at != end; ++at)
+      if (boxes[at->second] == box) return last_ = at->second;
+    last_ = static_cast<uint32_t>(boxes.size());
+    boxes.push_back(std::move(box));
+    by_hash_.emplace(h, last_);
+    return last_;
+  }
+
+ private:
+  std::unordered_multimap<uint64_t, uint32_t> by_hash_;
+  uint32_t last_ = UINT32_MAX;
+};
+
 std::string encode_items(const std::vector<planner::ItemDesc>& items) {
   ByteWriter w;
   w.put<uint64_t>(items.size());
@@ -88,8 +131,15 @@ std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors) {
     w.put<uint8_t>(static_cast<uint8_t>(t.dtype));
     w.put_vec(t.shape);
     w.put<uint64_t>(t.regions.size());
-    for (const auto& reg : t.regions) {
-      put_shard(w, reg.shard);
+    for (const auto& reg : t.regions) {  // each region's shard in full, as put_shard writes it
+      const Box& box = t.boxes[reg.box];
+      w.put_vec(box.offset);
+      w.put_vec(box.shape);
+      w.put<uint8_t>(reg.flat);
+      if (reg.flat) {
+        w.put<int64_t>(reg.begin);
+        w.put<int64_t>(reg.end);
+      }
       w.put<int32_t>(reg.writer);
     }
   }
@@ -99,15 +149,21 @@ std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors) {
 Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes) {
   ByteReader r(bytes);
   bool bad = false;
+  BoxNumbers boxes;
   std::vector<planner::TensorPlan> tensors(r.get_count(kMinTensorBytes));
   for (auto& t : tensors) {
     t.key = r.get_string();
     t.dtype = get_dtype(r, &bad);
     t.shape = r.get_vec();
-    t.regions.resize(r.get_count(kMinRegionBytes));
-    for (auto& reg : t.regions) {
-      reg.shard = get_shard(r);
-      reg.writer = r.get<int32_t>();
+    const uint64_t nregions = r.get_count(kMinRegionBytes);
+    t.regions.reserve(nregions);
+    boxes.clear();
+    for (uint64_t k = 0; k < nregions && r.ok(); ++k) {
+      ShardSpec s = get_shard(r);
+      const int32_t writer = r.get<int32_t>();
+      t.regions.push_back(planner::PlannedRegion{s.flat ? s.flat->first : 0, s.flat ? s.flat->second : 0,
+                                                 boxes.number(t.boxes, std::move(s.box)), s.flat ? 1u : 0u, writer});
+      if (!s.flat && !box_volume(t.boxes[t.regions.back().box], &t.regions.back().end)) bad = true;
     }
     if (!r.ok()) break;
   }

@@ -53,4 +53,60 @@ struct BulkAllocator {
 template <class T>
 using BulkVector = std::vector<T, BulkAllocator<T>>;
 
+/// Bump allocation from one huge-page mapping, for many small vectors that grow while a large
+/// input is scanned (the save planner's 15,000 per-tensor tables at 8,960 ranks: about 40 MB
+/// that, taken from malloc, faulted in 10,000 fresh 4 KiB pages). Nothing is given back before
+/// the arena goes; a request beyond the reservation falls back to operator new. Only the pages
+/// used are touched: the reservation is address space.
+class BulkArena {
+ public:
+  explicit BulkArena(size_t bytes) : size_(bytes), base_(bytes ? BulkAllocator<unsigned char>().allocate(bytes) : nullptr) {}
+  ~BulkArena() {
+    if (base_) BulkAllocator<unsigned char>().deallocate(base_, size_);
+  }
+  BulkArena(const BulkArena&) = delete;
+  BulkArena& operator=(const BulkArena&) = delete;
+
+  void* allocate(size_t bytes) {
+    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (bytes > size_ - used_) return ::operator new(bytes);
+    void* p = base_ + used_;
+    used_ += bytes;
+    return p;
+  }
+  void deallocate(void* p) noexcept {
+    if (!owns(p)) ::operator delete(p);
+  }
+
+ private:
+  static constexpr size_t kAlign = 16;
+  bool owns(const void* p) const {
+    return p >= static_cast<const void*>(base_) && p < static_cast<const void*>(base_ + size_);
+  }
+  size_t size_, used_ = 0;
+  unsigned char* base_;
+};
+
+/// A std allocator drawing from a BulkArena.
+template <class T>
+struct ArenaAllocator {
+  using value_type = T;
+  explicit ArenaAllocator(BulkArena& a) noexcept : arena(&a) {}
+  template <class U>
+  ArenaAllocator(const ArenaAllocator<U>& other) noexcept : arena(other.arena) {}
+  T* allocate(size_t n) {
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
+    return static_cast<T*>(arena->allocate(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t) noexcept { arena->deallocate(p); }
+  template <class U>
+  bool operator==(const ArenaAllocator<U>& other) const noexcept {
+    return arena == other.arena;
+  }
+  BulkArena* arena;
+};
+
+template <class T>
+using ArenaVector = std::vector<T, ArenaAllocator<T>>;
+
 }  // namespace h5ckpt::planner

@@ -12,7 +12,7 @@ LocalFileOffsets local_file_offsets(const std::vector<TensorPlan>& tensors, size
     for (const auto& r : tensors[t].regions) {
       const size_t w = r.writer >= 0 && static_cast<size_t>(r.writer) < world ? static_cast<size_t>(r.writer) : 0;
       off[t].push_back(running[w]);
-      running[w] += static_cast<uint64_t>(r.shard.numel()) * esize;
+      running[w] += static_cast<uint64_t>(r.numel()) * esize;
     }
   }
   return off;
@@ -35,14 +35,14 @@ std::vector<LocalReadItem> plan_local_reads(const std::vector<TensorPlan>& tenso
   const size_t first = region < 0 ? 0 : static_cast<size_t>(region);
   const size_t last = region < 0 ? tp.regions.size() : std::min(tp.regions.size(), first + 1);
   for (size_t g = first; g < last; ++g) {
-    const PlannedRegion& r = tp.regions[g];
-    const Frame src = frame_of(r.shard);
-    const int writer = r.writer;
+    const ShardSpec shard = tp.shard(g);
+    const Frame src = frame_of(shard);
+    const int writer = tp.regions[g].writer;
     const int srv =
         writer >= 0 && static_cast<size_t>(writer) < server.size() ? server[static_cast<size_t>(writer)] : -1;
     const uint64_t base = offsets.at(t).at(g);
     for (const Box& wb : wanted)
-      for (const Box& rb : shard_boxes(r.shard))
+      for (const Box& rb : shard_boxes(shard))
         if (auto x = intersect(wb, rb))
           for_each_run(*x, src, dst, [&](int64_t s, int64_t d, int64_t n) {
             out.push_back({srv, writer, static_cast<uint32_t>(g), base + static_cast<uint64_t>(s) * esize,

@@ -44,6 +44,31 @@ Status validate_key(const std::string& key) {
   return Status::Ok();
 }
 
+ShardSpec TensorPlan::shard(size_t region) const {
+  const PlannedRegion& r = regions[region];
+  ShardSpec s{boxes[r.box], std::nullopt};
+  if (r.flat) s.flat = std::pair{r.begin, r.end};
+  return s;
+}
+
+bool TensorPlan::holds(size_t region, const ShardSpec& s) const {
+  const PlannedRegion& r = regions[region];
+  if (r.flat != s.flat.has_value()) return false;
+  if (s.flat && (s.flat->first != r.begin || s.flat->second != r.end)) return false;
+  return boxes[r.box] == s.box;  // without a flat range, begin and end follow from the box
+}
+
+void TensorPlan::add_region(const ShardSpec& s, int writer) {
+  size_t b = boxes.size();
+  while (b > 0 && !(boxes[b - 1] == s.box)) --b;
+  if (b == 0) {
+    boxes.push_back(s.box);
+    b = boxes.size();
+  }
+  const int64_t begin = s.flat ? s.flat->first : 0, end = s.flat ? s.flat->second : s.box.volume();
+  regions.push_back(PlannedRegion{begin, end, static_cast<uint32_t>(b - 1), s.flat ? 1u : 0u, writer});
+}
+
 namespace {
 
 uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull; }
@@ -67,18 +92,19 @@ std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
   return s.flat ? *s.flat : std::pair<int64_t, int64_t>{0, s.box.volume()};
 }
 
-// A unique non-empty region of a tensor: the first holder's description of it (moved or copied
-// into the plan once every check has passed), with what the checks need kept beside it so that
-// they compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at
-// 8,960 ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
+// A unique non-empty region of a tensor: the first holder's description of it (for messages and
+// the exact overlap test), with what the checks and the plan need kept beside it so that they
+// compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at 8,960
+// ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
 struct UniqueRegion {
   const ShardSpec* shard;
   int64_t begin, end;  // flat_span(*shard)
   uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
-  uint32_t tensor;     // its TensorAcc
+  uint32_t flat;       // shard->flat is set
 };
 
-// Of box and range: replicas hash alike.
+// Of box and range: replicas hash alike. From the shard alone (not its box's number), so that the
+// scan can fetch the slot of an item a few places ahead.
 uint64_t region_hash(uint64_t box_hash, int64_t begin, int64_t end) {
   return finish(mix(mix(box_hash, static_cast<uint64_t>(begin)), static_cast<uint64_t>(end)));
 }
@@ -91,8 +117,8 @@ using RegionPool = BulkVector<UniqueRegion>;
 // Open addressing over 32-bit ids: `slots` (a power of two, at most half full) hold ids whose
 // hashes `hash_of(id)` give their home slots.
 constexpr uint32_t kEmptySlot = UINT32_MAX;
-template <class HashOf>
-void rehash(std::vector<uint32_t>& slots, uint32_t ids, HashOf hash_of) {
+template <class Slots, class HashOf>
+void rehash(Slots& slots, uint32_t ids, HashOf hash_of) {
   slots.assign(std::max<size_t>(8, 2 * slots.size()), kEmptySlot);
   const size_t mask = slots.size() - 1;
   for (uint32_t id = 0; id < ids; ++id) {
@@ -115,17 +141,37 @@ struct TensorAcc {
   const ItemDesc* first;  // key, dtype and global shape as first declared
   int first_rank;
   int last_rank = -1;             // the last rank declaring it: another declaration there is a duplicate
-  std::vector<uint32_t> regions;  // pool ids, in order of first appearance
-  std::vector<uint32_t> slots;    // indices into regions
-  std::vector<DistinctBox> boxes;
-  std::vector<uint32_t> box_slots;  // indices into boxes
+  ArenaVector<uint32_t> regions;  // pool ids, in order of first appearance
+  ArenaVector<uint32_t> slots;    // indices into regions
+  ArenaVector<DistinctBox> boxes;
+  ArenaVector<uint32_t> box_slots;  // indices into boxes
 
-  // The pool id of the region `shard`, added to the pool when new.
-  uint32_t find_or_add(uint32_t tensor, const ShardSpec& shard, RegionPool& pool) {
+  TensorAcc(const ItemDesc* first_item, int rank, BulkArena& arena)
+      : first(first_item),
+        first_rank(rank),
+        regions(ArenaAllocator<uint32_t>(arena)),
+        slots(ArenaAllocator<uint32_t>(arena)),
+        boxes(ArenaAllocator<DistinctBox>(arena)),
+        box_slots(ArenaAllocator<uint32_t>(arena)) {}
+
+  // Asks for the slot where find_or_add(shard) will start probing: the tables of 15,000 tensors
+  // do not stay in cache, and the scan knows its next items' tensors.
+  void prefetch_slot(const ShardSpec& shard) const {
+    if (slots.empty()) return;
+    const auto [begin, end] = flat_span(shard);
+    __builtin_prefetch(&slots[region_hash(box_hash(shard.box), begin, end) & (slots.size() - 1)]);
+  }
+
+  // The pool id of the region `shard`, added to the pool when new. Its box is numbered first, so
+  // a known region is recognized by integers (box number, range, flat or not) without reading
+  // its first holder's description, which lies with another rank's items, likely out of cache.
+  uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
     if (2 * (regions.size() + 1) > slots.size())
       rehash(slots, static_cast<uint32_t>(regions.size()), [&](uint32_t k) { return hash_of(pool[regions[k]]); });
     const uint64_t bh = box_hash(shard.box);
+    const uint32_t box = box_id(shard.box, bh);
     const auto [begin, end] = flat_span(shard);
+    const uint32_t flat = shard.flat ? 1 : 0;
     const uint64_t h = region_hash(bh, begin, end);
     const size_t mask = slots.size() - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -133,12 +179,11 @@ struct TensorAcc {
       if (k == kEmptySlot) {
         slots[i] = static_cast<uint32_t>(regions.size());
         regions.push_back(static_cast<uint32_t>(pool.size()));
-        pool.push_back(UniqueRegion{&shard, begin, end, box_id(shard.box, bh), tensor});
+        pool.push_back(UniqueRegion{&shard, begin, end, box, flat});
         return regions.back();
       }
       const UniqueRegion& known = pool[regions[k]];
-      if (known.begin == begin && known.end == end && boxes[known.box].hash == bh && *known.shard == shard)
-        return regions[k];
+      if (known.box == box && known.begin == begin && known.end == end && known.flat == flat) return regions[k];
     }
   }
 
@@ -167,7 +212,7 @@ struct TensorAcc {
 // The regions of one tensor, k = 0, 1, ... in order of first appearance.
 struct TensorRegions {
   const RegionPool& pool;
-  const std::vector<uint32_t>& ids;
+  const ArenaVector<uint32_t>& ids;
   size_t size() const { return ids.size(); }
   const UniqueRegion& operator[](size_t k) const { return pool[ids[k]]; }
 };
@@ -199,7 +244,7 @@ struct CheckScratch {
 // boxes (a few per tensor: the TP shards) must be disjoint. Only when two distinct boxes overlap
 // are all the regions' pieces compared, which is exact but slower.
 Status check_disjoint_and_complete(const std::string& key, const Shape& shape, const TensorRegions& regions,
-                                   const std::vector<TensorAcc::DistinctBox>& distinct,
+                                   const ArenaVector<TensorAcc::DistinctBox>& distinct,
                                    const std::function<int(size_t)>& holder_rank, CheckScratch& scratch) {
   int64_t total = 1;
   for (auto s : shape)
@@ -259,6 +304,7 @@ namespace {
 // itself: asking for those of an item a few places ahead lets the cache misses (3.5 million
 // items at 8,960 ranks) overlap instead of each waiting for the one before.
 constexpr size_t kPrefetchAhead = 4;
+constexpr size_t kSlotAhead = 2;
 void prefetch(const ItemDesc& item) {
   __builtin_prefetch(item.key.data());
   __builtin_prefetch(item.global_shape.data());
@@ -297,15 +343,16 @@ BulkVector<uint32_t> largest_first(const Jobs& jobs) {
   return order;
 }
 
-// plan_save for both overloads: `consumed` is `ranks` itself when the caller gave them up, and
-// then each region's shard is moved into the plan rather than copied (a copy is two allocations
-// per region: 2.9 million at 8,960 ranks, and fresh memory to fault in).
-Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
-                                std::vector<std::vector<ItemDesc>>* consumed) {
-  std::vector<TensorAcc> accs;
-  std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
+}  // namespace
+
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
+  // The tensors' tables, grown by doubling, take about 30 bytes per item at 8,960 ranks; room
+  // for more is only address space, and beyond it they come from malloc.
+  BulkArena arena(64 * nitems + (1u << 20));
+  std::vector<TensorAcc> accs;
+  std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
   RegionPool pool;
   pool.reserve(nitems);
   // Per item, its region's pool id (kNone: holds nothing), to list the holders after the scan.
@@ -322,6 +369,10 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     const std::vector<ItemDesc>* before = r > 0 ? &ranks[r - 1] : nullptr;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       if (i + kPrefetchAhead < ranks[r].size()) prefetch(ranks[r][i + kPrefetchAhead]);
+      // The item two ahead (its description asked for two items ago) likely belongs to the tensor
+      // the previous rank had there: ask for its slot (a wrong guess costs a wasted fetch).
+      if (const size_t j = i + kSlotAhead; j < ranks[r].size() && j < previous.size() && previous[j].first != kNone)
+        accs[previous[j].first].prefetch_slot(ranks[r][j].shard);
       const ItemDesc& it = ranks[r][i];
       const ItemDesc* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
       uint32_t t = kNone;
@@ -333,7 +384,7 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
       } else {  // a new key: checked once, here
         if (auto st = validate_key(it.key); !st.ok()) return st.with_context("rank " + std::to_string(r));
         t = static_cast<uint32_t>(accs.size());
-        accs.push_back(TensorAcc{&it, static_cast<int>(r), -1, {}, {}, {}, {}});
+        accs.emplace_back(&it, static_cast<int>(r), arena);
         acc_of.emplace(it.key, t);
         prev = nullptr;
       }
@@ -362,7 +413,7 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
           int64_t bytes = 0;
           if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
             return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
-          region = acc.find_or_add(t, it.shard, pool);
+          region = acc.find_or_add(it.shard, pool);
         }
       }
       region_of_item.push_back(region);
@@ -397,12 +448,16 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
         if (const uint32_t region = region_of_item[k]; region != kNone) holders[next[region]++] = static_cast<int>(r);
   }
   region_of_item = {};
-  for (TensorAcc& acc : accs) acc.slots = acc.box_slots = {};
 
-  // Each tensor's plan without its regions, from its first declaration.
+  // Each tensor's plan without its regions, from its first declaration, with its distinct boxes
+  // (numbered in the scan: the regions refer to them by that number).
   std::vector<TensorPlan> heads(accs.size());
-  for (size_t a = 0; a < accs.size(); ++a)
-    heads[a] = TensorPlan{accs[a].first->key, accs[a].first->dtype, accs[a].first->global_shape, {}};
+  for (size_t a = 0; a < accs.size(); ++a) {
+    const TensorAcc& acc = accs[a];
+    heads[a] = TensorPlan{acc.first->key, acc.first->dtype, acc.first->global_shape, {}, {}};
+    heads[a].boxes.reserve(acc.boxes.size());
+    for (const TensorAcc::DistinctBox& b : acc.boxes) heads[a].boxes.push_back(*b.box);
+  }
 
   // Tensors sorted by key: every rank creates the datasets in this order.
   std::vector<uint32_t> by_key(accs.size());
@@ -427,20 +482,17 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
         tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; },
         scratch));
+    // The regions into the plan while the check has them in cache: 24 bytes each, from the pool
+    // alone (the items are not read again).
     const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
     tp.regions.reserve(regions.size());
-    for (size_t k = 0; k < regions.size(); ++k)
-      jobs.push_back(Job{(regions[k].end - regions[k].begin) * es, acc.regions[k]});
+    for (size_t k = 0; k < regions.size(); ++k) {
+      const UniqueRegion& reg = regions[k];
+      tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
+      jobs.push_back(Job{(reg.end - reg.begin) * es, acc.regions[k]});
+    }
+    plan.tensors.push_back(std::move(tp));
   }
-  // The regions into their tensors' plans in pool order (each tensor's in its own order): the
-  // shards are read in the order the ranks' items lie in memory, not jumping between them by key.
-  for (const UniqueRegion& reg : pool) {
-    std::vector<PlannedRegion>& into = heads[reg.tensor].regions;
-    // The shard's owner is one of the consumed items: casting the constness away is sound.
-    if (consumed) into.push_back(PlannedRegion{std::move(*const_cast<ShardSpec*>(reg.shard)), -1});
-    else into.push_back(PlannedRegion{*reg.shard, -1});
-  }
-  for (uint32_t a : by_key) plan.tensors.push_back(std::move(heads[a]));
 
   // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
   // holder (ties to the lowest rank). The order is a counting sort by size: region sizes are few
@@ -462,12 +514,6 @@ Result<SavePlan> plan_save_impl(const std::vector<std::vector<ItemDesc>>& ranks,
     for (PlannedRegion& reg : tp.regions) reg.writer = writer_at[pos++];
   return plan;
 }
-
-}  // namespace
-
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) { return plan_save_impl(ranks, nullptr); }
-
-Result<SavePlan> plan_save(std::vector<std::vector<ItemDesc>>&& ranks) { return plan_save_impl(ranks, &ranks); }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
                                            const std::vector<ItemDesc>& items, uint64_t max_bytes) {
@@ -492,7 +538,7 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
     for (size_t r = 0; r < t->regions.size(); ++r) {
       if (t->regions[r].writer != rank) continue;
       size_t holder = i;
-      while (holder < run_end && !(t->regions[r].shard == items[holder].shard)) ++holder;
+      while (holder < run_end && !t->holds(r, items[holder].shard)) ++holder;
       if (holder == run_end)
         return Status(ErrorCode::kInternal, "key '" + key + "': rank " + std::to_string(rank) +
                                                 " was chosen to write a region it does not hold");
@@ -504,23 +550,24 @@ Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPla
   });
   std::vector<WriteItem> out;
   for (const Found& f : found) {
-    const PlannedRegion& reg = tensors[f.tensor].regions[f.region];
-    const uint64_t es = dtype_size(tensors[f.tensor].dtype);
+    const TensorPlan& tp = tensors[f.tensor];
+    const PlannedRegion& reg = tp.regions[f.region];
+    const uint64_t es = dtype_size(tp.dtype);
     const int64_t per = static_cast<int64_t>(std::clamp<uint64_t>(max_bytes / es, 1, INT64_MAX));
-    const int64_t n = reg.shard.numel();
+    const int64_t n = reg.numel();
     // The buffer holding the region: the description's own item, or a multi-piece item's.
     const ItemDesc& desc = items[f.item];
     const int item = desc.source >= 0 ? desc.source : f.item;
     const uint64_t base = desc.buffer_offset;
     if (n <= per) {  // the common case: the region in one write, as planned
-      out.push_back(WriteItem{f.tensor, f.region, item, reg.shard, base, static_cast<uint64_t>(n) * es, true});
+      out.push_back(WriteItem{f.tensor, f.region, item, tp.shard(f.region), base, static_cast<uint64_t>(n) * es, true});
       continue;
     }
     // A large region: consecutive flat sub-ranges of its box, each a few hyperslabs.
-    const int64_t b0 = reg.shard.flat ? reg.shard.flat->first : 0;
+    const int64_t b0 = reg.begin;
     for (int64_t b = 0; b < n; b += per) {
       const int64_t e = std::min(n, b + per);
-      out.push_back(WriteItem{f.tensor, f.region, item, ShardSpec::flat_range(reg.shard.box, b0 + b, b0 + e),
+      out.push_back(WriteItem{f.tensor, f.region, item, ShardSpec::flat_range(tp.box_of(f.region), b0 + b, b0 + e),
                               base + static_cast<uint64_t>(b) * es, static_cast<uint64_t>(e - b) * es, e == n});
     }
   }

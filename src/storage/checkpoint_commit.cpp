@@ -31,7 +31,7 @@ CheckpointInfo assemble_info(const SavedCheckpoint& saved) {
     ti.nbytes = tensors[t].nbytes();
     ti.file_offset = saved.offsets[t];
     for (size_t r = 0; r < tensors[t].regions.size(); ++r) {
-      SavedRegion region{tensors[t].regions[r].shard, tensors[t].regions[r].writer, 0, 0, {}};
+      SavedRegion region{tensors[t].shard(r), tensors[t].regions[r].writer, 0, 0, {}};
       if (t < saved.blocks.size() && r < saved.blocks[t].size()) {
         region.block_bytes = saved.blocks[t][r].block_bytes;
         region.block_checksums = saved.blocks[t][r].sums;

@@ -298,7 +298,8 @@ CheckpointInfo local_info(const LocalManifest& m, const std::vector<planner::Ten
     ti.dtype = t.dtype;
     ti.shape = t.shape;
     ti.nbytes = t.nbytes();
-    for (const auto& r : t.regions) ti.regions.push_back(SavedRegion{r.shard, r.writer, 0, 0, {}});
+    for (size_t r = 0; r < t.regions.size(); ++r)
+      ti.regions.push_back(SavedRegion{t.shard(r), t.regions[r].writer, 0, 0, {}});
     info.tensors.push_back(std::move(ti));
   }
   return info;
