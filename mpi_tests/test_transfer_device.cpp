@@ -31,6 +31,30 @@ namespace {
 bool all(const std::string&) { return true; }
 bool model_only(const std::string& key) { return key.rfind("model/", 0) == 0; }
 
+// Trainer ranks (ZeRO over the first half of the world) publish to inference ranks (TP over the
+// second half), every buffer in device memory.
+struct DevicePublishing {
+  Halves h;
+  Layout mine = h.source ? Layout{1, h.size(), 1, true}
+                         : Layout{h.size() % 2 == 0 ? 2 : 1, h.size() % 2 == 0 ? h.size() / 2 : h.size(), 1, false};
+  Topology t = make_topology(h.comm, mine);
+  TestModel model{mine, t.coords(), h.source};
+  DeviceMirror dev{model.state(), all, true};
+  StateTransfer x{MPI_COMM_WORLD};
+  StateDict* src = h.source ? &dev.state() : nullptr;
+  StateDict* dst = h.source ? nullptr : &dev.state();
+  struct Parts {
+    Halves& h;
+    TestModel& model;
+    DeviceMirror& dev;
+    StateTransfer& x;
+    StateDict* src;
+    StateDict* dst;
+  };
+  Parts parts_{h, model, dev, x, src, dst};
+  Parts& parts() { return parts_; }
+};
+
 #ifdef H5CKPT_TRANSFER_ON_GPU
 // The real device: skipped where none is visible.
 class DeviceTransfer : public ::testing::Test {
@@ -80,15 +104,8 @@ TEST_F(DeviceTransfer, EveryLayoutPairIntoDeviceBuffers) {
 // that fails everywhere and leaves the destination's device buffers at the previous version.
 TEST_F(DeviceTransfer, DisjointDeltaAndCorruptionKeepThePreviousVersion) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  Halves h;
-  const int m = h.size();
-  const Layout mine = h.source ? Layout{1, m, 1, true} : Layout{m % 2 == 0 ? 2 : 1, m % 2 == 0 ? m / 2 : m, 1, false};
-  Topology t = make_topology(h.comm, mine);
-  TestModel model(mine, t.coords(), h.source);
-  DeviceMirror dev(model.state(), all, true);
-  StateTransfer x(MPI_COMM_WORLD);
-  StateDict* src = h.source ? &dev.state() : nullptr;
-  StateDict* dst = h.source ? nullptr : &dev.state();
+  DevicePublishing p;
+  auto& [h, model, dev, x, src, dst] = p.parts();
   TransferOptions o;
   o.version = 1;
   auto r1 = x.transfer(src, dst, o);
@@ -256,15 +273,8 @@ TEST_F(DeviceTransfer, UnhashedDevicePiecesGoOverTheDeviceTransport) {
 // keeps the version and the next transfer sends everything (no delta against it) and is exact.
 TEST_F(DeviceTransfer, FailedDeviceCopiesFailEveryRank) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  Halves h;
-  const int m = h.size();
-  const Layout mine = h.source ? Layout{1, m, 1, true} : Layout{m % 2 == 0 ? 2 : 1, m % 2 == 0 ? m / 2 : m, 1, false};
-  Topology t = make_topology(h.comm, mine);
-  TestModel model(mine, t.coords(), h.source);
-  DeviceMirror dev(model.state(), all, true);
-  StateTransfer x(MPI_COMM_WORLD);
-  StateDict* src = h.source ? &dev.state() : nullptr;
-  StateDict* dst = h.source ? nullptr : &dev.state();
+  DevicePublishing p;
+  auto& [h, model, dev, x, src, dst] = p.parts();
   TransferOptions o;
   o.version = 1;
   auto r1 = x.transfer(src, dst, o);

@@ -105,7 +105,7 @@ TEST(Wire, TensorPlansRoundTripAndRejectBrokenMessages) {
       EXPECT_EQ(got.end, want.end);
     }
   }
-  EXPECT_EQ(tensors[0].boxes.size(), 2u);  // the plan keeps each distinct box once
+  EXPECT_EQ(tensors[0].boxes.size(), 2u);    // the plan keeps each distinct box once
   EXPECT_EQ(tensors[0].regions[0].end, 16);  // a whole box: all its elements
   expect_rejects_truncations_and_trailers(msg, decode_tensors, "decode_tensors");
   EXPECT_FALSE(decode_tensors(with_count(msg, ~0ull)).ok());

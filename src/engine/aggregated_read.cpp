@@ -187,6 +187,34 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
   return plans;
 }
 
+// Sends window `w` (read into `buf`) to the ranks that asked: a message of one run straight from
+// the window, one of several runs packed into `packed` (`window` bytes) first; what does not fit
+// there, with requests of several ranks overlapping, goes as a type of many blocks.
+Status send_window(const WindowPlan& w, char* buf, char* packed, uint64_t window, MPI_Comm comm,
+                   std::vector<MPI_Request>& sends, AggregatedReadReport& report) {
+  Status first;
+  uint64_t fill = 0;
+  for (const auto& [rank, messages] : w.sends)
+    for (const Message& m : messages) {
+      Status st;
+      if (m.runs.size() == 1) {
+        st = post(true, buf + m.runs[0].first, {{0, m.bytes}}, rank, comm, sends);
+      } else if (fill + m.bytes <= window) {
+        char* to = packed + fill;
+        for (const auto& [at, len] : m.runs) std::memcpy(to, buf + at, len), to += len;
+        st = post(true, packed + fill, {{0, m.bytes}}, rank, comm, sends);
+        fill += m.bytes;
+      } else {
+        two_phase::Blocks blocks;
+        for (const auto& [at, len] : m.runs) blocks.push_back({static_cast<MPI_Aint>(at), len});
+        st = post(true, buf, blocks, rank, comm, sends);
+      }
+      if (first.ok() && !st.ok()) first = st;
+      report.bytes_sent += m.bytes;
+    }
+  return first;
+}
+
 }  // namespace
 
 namespace {
@@ -268,29 +296,11 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
       char* buf = reader.slot(j);
       for (const auto& [at, to] : plans[j].local) std::memcpy(to.first, buf + at, to.second);
       sends[j % kSlots].clear();
-      // A message of several runs is packed into the slot's packing area (free again: its
-      // previous sends completed before the slot was read into); what does not fit there, with
-      // requests of several ranks overlapping, goes as a type of many blocks.
-      char* packed = slots + (kSlots + j % kSlots) * g.window;
-      uint64_t fill = 0;
-      for (const auto& [rank, messages] : plans[j].sends)
-        for (const Message& m : messages) {
-          Status st;
-          if (m.runs.size() == 1) {
-            st = post(true, buf + m.runs[0].first, {{0, m.bytes}}, rank, comm, sends[j % kSlots]);
-          } else if (fill + m.bytes <= g.window) {
-            char* to = packed + fill;
-            for (const auto& [at, len] : m.runs) std::memcpy(to, buf + at, len), to += len;
-            st = post(true, packed + fill, {{0, m.bytes}}, rank, comm, sends[j % kSlots]);
-            fill += m.bytes;
-          } else {
-            two_phase::Blocks blocks;
-            for (const auto& [at, len] : m.runs) blocks.push_back({static_cast<MPI_Aint>(at), len});
-            st = post(true, buf, blocks, rank, comm, sends[j % kSlots]);
-          }
-          if (local.ok() && !st.ok()) local = st;
-          report.bytes_sent += m.bytes;
-        }
+      // The slot's packing area is free again: its previous sends completed before the slot was
+      // read into.
+      Status st = send_window(plans[j], buf, slots + (kSlots + j % kSlots) * g.window, g.window, comm,
+                              sends[j % kSlots], report);
+      if (local.ok() && !st.ok()) local = st;
       if (j + 1 >= kSlots) {  // the oldest slot's sends must finish before it is read into again
         auto& done = sends[(j + 1) % kSlots];
         Status st =

@@ -60,7 +60,8 @@ using BulkVector = std::vector<T, BulkAllocator<T>>;
 /// used are touched: the reservation is address space.
 class BulkArena {
  public:
-  explicit BulkArena(size_t bytes) : size_(bytes), base_(bytes ? BulkAllocator<unsigned char>().allocate(bytes) : nullptr) {}
+  explicit BulkArena(size_t bytes)
+      : size_(bytes), base_(bytes ? BulkAllocator<unsigned char>().allocate(bytes) : nullptr) {}
   ~BulkArena() {
     if (base_) BulkAllocator<unsigned char>().deallocate(base_, size_);
   }
