@@ -50,20 +50,11 @@ std::vector<Cut> cut_pieces(const Geometry& g, const std::vector<ReadPiece>& pie
   }
   // Offset order puts each (aggregator, window) together, the order both sides build messages in.
   std::stable_sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
-  for (size_t i = 1; i < cuts.size(); ++i) {
-    const Cut& a = cuts[i - 1];
-    Cut& b = cuts[i];
-    b.joins = a.agg == b.agg && a.window == b.window && a.dst + a.length == b.dst;
-  }
+  two_phase::mark_joins(cuts, [](const Cut& c) { return c.dst; });
   return cuts;
 }
 
-// One contiguous message to a requester: sent from the window where it is one run of the file,
-// else packed from its runs first.
-struct Message {
-  std::vector<std::pair<uint64_t, uint64_t>> runs;  // window offset, length
-  uint64_t bytes = 0;
-};
+using two_phase::Message;  // sent from the window where it is one run, else packed first
 
 Status post(bool send, char* base, const two_phase::Blocks& blocks, int peer, MPI_Comm comm,
             std::vector<MPI_Request>& reqs) {
@@ -162,11 +153,7 @@ std::vector<WindowPlan> plan_windows(const Geometry& g, int me, const std::vecto
       WindowPlan& w = by_window[k];
       w.begin = g.window_begin(me, k);
       extents[k].push_back({off, off + len});
-      if (static_cast<int>(r) == me) continue;
-      auto& messages = w.sends[static_cast<int>(r)];
-      if (messages.empty() || !(asked[r][i + 1] & two_phase::kJoinsBit)) messages.emplace_back();
-      messages.back().runs.push_back({off - w.begin, len});
-      messages.back().bytes += len;
+      if (static_cast<int>(r) != me) two_phase::add_span(w.sends[static_cast<int>(r)], off - w.begin, asked[r][i + 1]);
     }
   for (const Cut& c : mine)
     if (c.agg == me) by_window[c.window].local.push_back({c.offset - by_window[c.window].begin, {c.dst, c.length}});
@@ -260,18 +247,13 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
   // processes, where one of many blocks is packed and unpacked in small fragments.
   Status local;
   std::vector<MPI_Request> recvs;
-  for (size_t i = 0; i < cuts.size();) {
-    size_t j = i + 1;
-    uint64_t bytes = cuts[i].length;
-    for (; j < cuts.size() && cuts[j].joins; ++j) bytes += cuts[j].length;
-    if (cuts[i].agg != me) {
-      Status st = post(false, cuts[i].dst, {{0, bytes}}, cuts[i].agg, comm, recvs);
-      if (local.ok() && !st.ok()) local = st;
-      report.bytes_received += bytes;
-      ++report.messages;
-    }
-    i = j;
-  }
+  two_phase::for_each_message(cuts, [&](const Cut& c, uint64_t bytes) {
+    if (c.agg == me) return;
+    Status st = post(false, c.dst, {{0, bytes}}, c.agg, comm, recvs);
+    if (local.ok() && !st.ok()) local = st;
+    report.bytes_received += bytes;
+    ++report.messages;
+  });
 
   // Read the windows on a helper thread while this one sends them out.
   std::optional<storage::RegionReader> file;

@@ -39,20 +39,11 @@ std::vector<Cut> cut_pieces(const two_phase::Geometry& g, const std::vector<Writ
     }
   // Offset order puts each (aggregator, window) together, the order both sides build messages in.
   std::stable_sort(cuts.begin(), cuts.end(), [](const Cut& a, const Cut& b) { return a.offset < b.offset; });
-  for (size_t i = 1; i < cuts.size(); ++i) {
-    const Cut& a = cuts[i - 1];
-    Cut& b = cuts[i];
-    b.joins = a.agg == b.agg && a.window == b.window && a.src + a.length == b.src;
-  }
+  two_phase::mark_joins(cuts, [](const Cut& c) { return c.src; });
   return cuts;
 }
 
-// One contiguous message from a sender: into the window where it is one run of the file, else
-// through the landing area and then copied to its runs.
-struct Message {
-  std::vector<std::pair<uint64_t, uint64_t>> runs;  // window offset, length
-  uint64_t bytes = 0;
-};
+using two_phase::Message;  // into the window where it is one run, else through the landing area
 
 // What an aggregator does with one window of its domain.
 struct WindowPlan {
@@ -77,10 +68,7 @@ std::vector<WindowPlan> plan_windows(const two_phase::Geometry& g, int me,
     for (size_t i = 0; i + 1 < sent[r].size(); i += 2) {
       const uint64_t off = sent[r][i], len = sent[r][i + 1] & ~two_phase::kJoinsBit;
       WindowPlan& w = window(off);
-      auto& messages = w.receives[static_cast<int>(r)];
-      if (messages.empty() || !(sent[r][i + 1] & two_phase::kJoinsBit)) messages.emplace_back();
-      messages.back().runs.push_back({off - w.begin, len});
-      messages.back().bytes += len;
+      two_phase::add_span(w.receives[static_cast<int>(r)], off - w.begin, sent[r][i + 1]);
       w.extents.push_back({off, len});
     }
   }
@@ -147,18 +135,12 @@ Result<AggregatedWriteReport> aggregated_write(MPI_Comm comm, std::vector<WriteP
   // both sides in MPI. The sources stay valid until this call returns.
   Status local;
   std::vector<MPI_Request> sends;
-  for (size_t i = 0; i < cuts.size();) {
-    size_t j = i + 1;
-    uint64_t bytes = cuts[i].length;
-    for (; j < cuts.size() && cuts[j].joins; ++j) bytes += cuts[j].length;
-    if (cuts[i].agg != me) {
-      keep_first(local,
-                 two_phase::post(true, const_cast<char*>(cuts[i].src), {{0, bytes}}, cuts[i].agg, kTag, comm, sends));
-      report.bytes_sent += bytes;
-      ++report.messages;
-    }
-    i = j;
-  }
+  two_phase::for_each_message(cuts, [&](const Cut& c, uint64_t bytes) {
+    if (c.agg == me) return;
+    keep_first(local, two_phase::post(true, const_cast<char*>(c.src), {{0, bytes}}, c.agg, kTag, comm, sends));
+    report.bytes_sent += bytes;
+    ++report.messages;
+  });
 
   util::test_point("aggregate_exchange", me);  // tests: a rank stopped or killed mid-exchange
 

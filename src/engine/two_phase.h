@@ -87,6 +87,45 @@ inline Status post(bool send, char* base, const Blocks& blocks, int peer, int ta
 /// span's in the sender's memory, so both sides move them as one contiguous message.
 constexpr uint64_t kJoinsBit = 1ull << 63;
 
+/// Marks each cut (sorted by offset) whose bytes follow the previous cut's in memory
+/// (`addr(cut)`) for the same (aggregator, window): both sides move such runs as one message.
+template <class Cut, class Addr>
+void mark_joins(std::vector<Cut>& cuts, Addr addr) {
+  for (size_t i = 1; i < cuts.size(); ++i) {
+    const Cut& a = cuts[i - 1];
+    Cut& b = cuts[i];
+    b.joins = a.agg == b.agg && a.window == b.window && addr(a) + a.length == addr(b);
+  }
+}
+
+/// Calls `fn(first, bytes)` for each message of `cuts` (marked by mark_joins): its first cut and
+/// its total length.
+template <class Cut, class Fn>
+void for_each_message(const std::vector<Cut>& cuts, Fn fn) {
+  for (size_t i = 0; i < cuts.size();) {
+    size_t j = i + 1;
+    uint64_t bytes = cuts[i].length;
+    for (; j < cuts.size() && cuts[j].joins; ++j) bytes += cuts[j].length;
+    fn(cuts[i], bytes);
+    i = j;
+  }
+}
+
+/// One contiguous message as its owner sees it: the window runs it covers, in order.
+struct Message {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // window offset, length
+  uint64_t bytes = 0;
+};
+
+/// Adds a span exchange_cuts delivered (`wire_length` with kJoinsBit) at window offset `at`: to
+/// the last message when it joins it, else as a new one.
+inline void add_span(std::vector<Message>& messages, uint64_t at, uint64_t wire_length) {
+  const uint64_t len = wire_length & ~kJoinsBit;
+  if (messages.empty() || !(wire_length & kJoinsBit)) messages.emplace_back();
+  messages.back().runs.push_back({at, len});
+  messages.back().bytes += len;
+}
+
 /// Tells each aggregator which (offset, length) spans of its domain this rank reads or writes
 /// (`cuts`: any type with agg, offset and length), in one MPI_Ialltoall of counts and one
 /// MPI_Ialltoallv of spans; returns, per rank, the flat (offset, length) pairs it sent here.
