@@ -8,6 +8,7 @@
 
 #include "planner/box_math.h"
 #include "planner/bulk_allocator.h"
+#include "planner/id_slots.h"
 #include "util/checked_math.h"
 
 namespace h5ckpt::planner {
@@ -78,33 +79,21 @@ class SignatureGroups {
 
   // The group of `signature` (whose hash is `h`), added when new.
   uint32_t find_or_add(const std::string& signature, uint64_t h) {
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const uint32_t g = slots_[i];
-      if (g == kEmpty) {
-        slots_[i] = static_cast<uint32_t>(seeds_.size());
-        seeds_.push_back(Seed{h, &signature});
-        return slots_[i];
-      }
-      if (seeds_[g].hash == h && *seeds_[g].signature == signature) return g;
-    }
+    const uint32_t next = static_cast<uint32_t>(seeds_.size());
+    const uint32_t g = find_or_insert_id(
+        slots_, h, next, [&](uint32_t g) { return seeds_[g].hash == h && *seeds_[g].signature == signature; });
+    if (g == next) seeds_.push_back(Seed{h, &signature});
+    return g;
   }
   size_t size() const { return seeds_.size(); }
 
  private:
-  static constexpr uint32_t kEmpty = UINT32_MAX;
   struct Seed {
     uint64_t hash;
     const std::string* signature;  // the first request's
   };
   void grow() {
-    slots_.assign(std::max<size_t>(1024, 2 * slots_.size()), kEmpty);
-    const size_t mask = slots_.size() - 1;
-    for (uint32_t g = 0; g < seeds_.size(); ++g) {
-      size_t i = seeds_[g].hash & mask;
-      while (slots_[i] != kEmpty) i = (i + 1) & mask;
-      slots_[i] = g;
-    }
+    rehash_ids(slots_, static_cast<uint32_t>(seeds_.size()), 1024, [&](uint32_t g) { return seeds_[g].hash; });
   }
   BulkVector<Seed> seeds_;
   BulkVector<uint32_t> slots_;

@@ -10,6 +10,7 @@
 
 #include "planner/box_math.h"
 #include "planner/bulk_allocator.h"
+#include "planner/id_slots.h"
 #include "planner/region_overlap.h"
 #include "util/checked_math.h"
 
@@ -114,20 +115,6 @@ uint64_t region_hash(uint64_t box_hash, int64_t begin, int64_t end) {
 // touched, where per-tensor vectors grew by doubling and copied everything on the way.
 using RegionPool = BulkVector<UniqueRegion>;
 
-// Open addressing over 32-bit ids: `slots` (a power of two, at most half full) hold ids whose
-// hashes `hash_of(id)` give their home slots.
-constexpr uint32_t kEmptySlot = UINT32_MAX;
-template <class Slots, class HashOf>
-void rehash(Slots& slots, uint32_t ids, HashOf hash_of) {
-  slots.assign(std::max<size_t>(8, 2 * slots.size()), kEmptySlot);
-  const size_t mask = slots.size() - 1;
-  for (uint32_t id = 0; id < ids; ++id) {
-    size_t i = hash_of(id) & mask;
-    while (slots[i] != kEmptySlot) i = (i + 1) & mask;
-    slots[i] = id;
-  }
-}
-
 // A tensor as the ranks declare it while their items are gathered, with its unique regions in
 // order of first appearance, found by shard in an open-addressing table of its own (small, so
 // the lookups of the next ranks, which hold the same tensors, stay in cache), and the distinct
@@ -167,24 +154,22 @@ struct TensorAcc {
   // its first holder's description, which lies with another rank's items, likely out of cache.
   uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
     if (2 * (regions.size() + 1) > slots.size())
-      rehash(slots, static_cast<uint32_t>(regions.size()), [&](uint32_t k) { return hash_of(pool[regions[k]]); });
+      rehash_ids(slots, static_cast<uint32_t>(regions.size()), 8,
+                 [&](uint32_t k) { return hash_of(pool[regions[k]]); });
     const uint64_t bh = box_hash(shard.box);
     const uint32_t box = box_id(shard.box, bh);
     const auto [begin, end] = flat_span(shard);
     const uint32_t flat = shard.flat ? 1 : 0;
-    const uint64_t h = region_hash(bh, begin, end);
-    const size_t mask = slots.size() - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-      const uint32_t k = slots[i];
-      if (k == kEmptySlot) {
-        slots[i] = static_cast<uint32_t>(regions.size());
-        regions.push_back(static_cast<uint32_t>(pool.size()));
-        pool.push_back(UniqueRegion{&shard, begin, end, box, flat});
-        return regions.back();
-      }
+    const uint32_t next = static_cast<uint32_t>(regions.size());
+    const uint32_t k = find_or_insert_id(slots, region_hash(bh, begin, end), next, [&](uint32_t k) {
       const UniqueRegion& known = pool[regions[k]];
-      if (known.box == box && known.begin == begin && known.end == end && known.flat == flat) return regions[k];
+      return known.box == box && known.begin == begin && known.end == end && known.flat == flat;
+    });
+    if (k == next) {
+      regions.push_back(static_cast<uint32_t>(pool.size()));
+      pool.push_back(UniqueRegion{&shard, begin, end, box, flat});
     }
+    return regions[k];
   }
 
  private:
@@ -192,20 +177,13 @@ struct TensorAcc {
 
   uint32_t box_id(const Box& box, uint64_t bh) {
     if (2 * (boxes.size() + 1) > box_slots.size())
-      rehash(box_slots, static_cast<uint32_t>(boxes.size()), [&](uint32_t b) { return boxes[b].hash; });
-    const size_t mask = box_slots.size() - 1;
-    for (size_t i = bh & mask;; i = (i + 1) & mask) {
-      const uint32_t b = box_slots[i];
-      if (b == kEmptySlot) {
-        box_slots[i] = static_cast<uint32_t>(boxes.size());
-        boxes.push_back(DistinctBox{bh, &box});
-        return box_slots[i];
-      }
-      if (boxes[b].hash == bh && *boxes[b].box == box) {
-        boxes[b].box = &box;
-        return b;
-      }
-    }
+      rehash_ids(box_slots, static_cast<uint32_t>(boxes.size()), 8, [&](uint32_t b) { return boxes[b].hash; });
+    const uint32_t next = static_cast<uint32_t>(boxes.size());
+    const uint32_t b =
+        find_or_insert_id(box_slots, bh, next, [&](uint32_t b) { return boxes[b].hash == bh && *boxes[b].box == box; });
+    if (b == next) boxes.push_back(DistinctBox{bh, &box});
+    else boxes[b].box = &box;
+    return b;
   }
 };
 
