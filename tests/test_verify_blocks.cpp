@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 
 #include "planner/box_math.h"
@@ -422,5 +423,49 @@ TEST_F(VerifyBlocks, PooledChecksCatchAFlipInEveryBlock) {
       ASSERT_TRUE(f.read(all, &wrong, true, DType::kF32, &pool).ok());  // intact again
       EXPECT_EQ(wrong, 0);
     }
+  }
+}
+
+// The reader must not wait for the checks of bytes it read in place (they hold no buffer of its),
+// while chunks read through landing buffers stay bounded by the pool's limit. The one checking
+// thread is kept busy by a job of the test's; the in-place read must still finish, the landing
+// read must not until that job ends, and both are then checked and right.
+TEST_F(VerifyBlocks, InPlaceChecksNeverHoldUpTheReader) {
+  constexpr int64_t kRows = 2048, kCols = 1536;  // 12 MiB: each half splits into 2+ check jobs
+  const Box all{{0, 0}, {kRows, kCols}};
+  for (bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "row split, read in place" : "column split, through landing buffers");
+    const std::vector<ShardSpec> regions =
+        in_place ? std::vector<ShardSpec>{box(0, 0, 1024, kCols), box(1024, 0, 1024, kCols)}
+                 : std::vector<ShardSpec>{box(0, 0, kRows, 700), box(0, 700, kRows, kCols - 700)};
+    Fixture f(dir_, kRows, kCols, regions, storage::kVerifyBlockTarget);
+    detail::WorkPool pool(1, /*max_queued=*/1);
+    std::promise<void> release;
+    std::shared_future<void> gate = release.get_future().share();
+    auto busy = pool.group();
+    pool.submit(busy, [gate] {
+      gate.wait();
+      return Status::Ok();
+    });  // the bound is now full, and the only worker is taken
+    pool.seal(busy);
+    auto r = storage::RegionReader::open(f.file);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    std::vector<float> got(static_cast<size_t>(kRows * kCols), -1.0f);
+    auto checks = pool.group();
+    r->defer_checks({&pool, checks, nullptr});
+    auto reading = std::async(std::launch::async, [&] {
+      return r->read(f.t, all, planner::Frame{all, 0}, DType::kF32, got.data());
+    });
+    const bool returned = reading.wait_for(std::chrono::seconds(in_place ? 20 : 1)) == std::future_status::ready;
+    release.set_value();
+    pool.seal(checks, reading.get());
+    const Status st = pool.wait(checks);
+    EXPECT_EQ(returned, in_place) << (in_place ? "the in-place read waited for the checking thread"
+                                               : "landing buffers were handed out beyond the pool's bound");
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < kRows * kCols; ++i) wrong += got[static_cast<size_t>(i)] != value(i);
+    EXPECT_EQ(wrong, 0);
+    EXPECT_TRUE(pool.wait(busy).ok());
   }
 }

@@ -905,8 +905,8 @@ struct PerItemLoad {
   // verification buffers are the reader's one chunk.
   void make_checks() {
     if (!run.options.verify || budget || !local.ok()) return;
-    // One chunk in flight per checker plus the one being read: landing buffers stay few (they are
-    // still in cache when checked), and the readers stay at most that far ahead.
+    // One landing buffer per checker plus the one being filled: they stay few (and still in cache
+    // when checked). Checks of chunks read in place hold no buffer and never hold up the reader.
     const int n = detail::default_threads(run.copts.verify_threads, run.topo.node.size());
     checks.emplace(n, n + 1);
   }

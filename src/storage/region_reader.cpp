@@ -229,14 +229,17 @@ Status RegionReader::read_checked(const TensorInfo& t, const Box& want, const pl
         for (int64_t p0 = chunk.begin; p0 < chunk.end; p0 += step) {  // one job per cache-sized part
           const CheckedSpan part{chunk.region, p0, std::min(chunk.end, p0 + step), true, 0};
           const char* bytes = land + (p0 - chunk.begin) * static_cast<int64_t>(es);
-          sink_.pool->submit(sink_.group, [=]() mutable {
-            const uint64_t t0 = now_ns();
-            Status st = check_span(*tensor, part, bytes);
-            if (st.ok() && held) copy_span_out(*tensor, part, bytes, want, frame, dst_type, dst);
-            if (held) spares->give(std::move(*held));
-            if (busy) *busy += now_ns() - t0;
-            return st;
-          });
+          sink_.pool->submit(
+              sink_.group,
+              [=]() mutable {
+                const uint64_t t0 = now_ns();
+                Status st = check_span(*tensor, part, bytes);
+                if (st.ok() && held) copy_span_out(*tensor, part, bytes, want, frame, dst_type, dst);
+                if (held) spares->give(std::move(*held));
+                if (busy) *busy += now_ns() - t0;
+                return st;
+              },
+              /*holds_buffer=*/held != nullptr);  // in place: the next read need not wait for it
         }
         continue;
       }

@@ -32,16 +32,18 @@ std::shared_ptr<WorkPool::Group> WorkPool::group(std::function<void(const Status
   return g;
 }
 
-void WorkPool::submit(const std::shared_ptr<Group>& g, std::function<Status()> job) {
+void WorkPool::submit(const std::shared_ptr<Group>& g, std::function<Status()> job, bool holds_buffer) {
   {
     std::lock_guard<std::mutex> lock(g->mu_);
     ++g->pending_;
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
-    has_room_.wait(lock, [&] { return in_flight_ < max_queued_; });
-    ++in_flight_;
-    queue_.push_back(Job{g, std::move(job)});
+    if (holds_buffer) {
+      has_room_.wait(lock, [&] { return in_flight_ < max_queued_; });
+      ++in_flight_;
+    }
+    queue_.push_back(Job{g, std::move(job), holds_buffer});
   }
   has_work_.notify_one();
 }
@@ -90,6 +92,7 @@ void WorkPool::work() {
     }
     Status st = job.run();
     finish_one(job.group, st);
+    if (!job.counted) continue;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --in_flight_;

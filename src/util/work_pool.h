@@ -24,9 +24,9 @@ class WorkPool {
   /// Jobs whose outcome is reported together (one loaded item's checks, one snapshot).
   class Group;
 
-  /// `threads` workers (at least 1). At most `max_queued` jobs wait or run at once (0: two per
-  /// worker plus two): submit() blocks beyond that, so a producer stays a bounded distance ahead
-  /// of the workers and the buffers its jobs hold stay bounded.
+  /// `threads` workers (at least 1). At most `max_queued` jobs that hold a buffer wait or run at
+  /// once (0: two per worker plus two): submit() blocks beyond that, so a producer stays a bounded
+  /// distance ahead of the workers and the buffers its jobs hold stay bounded.
   explicit WorkPool(int threads, int max_queued = 0);
   /// Runs every job submitted, then joins the workers.
   ~WorkPool();
@@ -38,8 +38,10 @@ class WorkPool {
   /// A new group; `on_done(first error, or Ok)` runs once, after seal() and after the group's
   /// last job, on whichever thread finishes last (a worker, or the one that calls seal()).
   std::shared_ptr<Group> group(std::function<void(const Status&)> on_done = {});
-  /// Queues `job` in `g`; blocks while max_queued jobs are waiting or running.
-  void submit(const std::shared_ptr<Group>& g, std::function<Status()> job);
+  /// Queues `job` in `g`. A job that holds a buffer of the producer's blocks the producer while
+  /// max_queued such jobs wait or run; one that holds none (`holds_buffer` false: checks of bytes
+  /// already where they belong) never does, so the producer's next read is never held up by it.
+  void submit(const std::shared_ptr<Group>& g, std::function<Status()> job, bool holds_buffer = true);
   /// No more jobs for `g`; `producer` (an error of the submitting side, e.g. a failed read) joins
   /// the group's outcome.
   void seal(const std::shared_ptr<Group>& g, const Status& producer = Status::Ok());
@@ -50,6 +52,7 @@ class WorkPool {
   struct Job {
     std::shared_ptr<Group> group;
     std::function<Status()> run;
+    bool counted = true;  // holds a buffer: counts against max_queued_
   };
   void work();
   void finish_one(const std::shared_ptr<Group>& g, const Status& st);
@@ -57,7 +60,7 @@ class WorkPool {
   std::mutex mu_;
   std::condition_variable has_work_, has_room_;
   std::deque<Job> queue_;
-  size_t in_flight_ = 0;  // queued or running
+  size_t in_flight_ = 0;  // counted jobs queued or running
   size_t max_queued_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
