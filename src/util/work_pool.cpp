@@ -92,7 +92,7 @@ void WorkPool::work() {
     }
     Status st = job.run();
     finish_one(job.group, st);
-    if (!job.counted) continue;
+    if (!job.holds_buffer) continue;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --in_flight_;

@@ -52,7 +52,7 @@ class WorkPool {
   struct Job {
     std::shared_ptr<Group> group;
     std::function<Status()> run;
-    bool counted = true;  // holds a buffer: counts against max_queued_
+    bool holds_buffer = true;  // counts against max_queued_
   };
   void work();
   void finish_one(const std::shared_ptr<Group>& g, const Status& st);
@@ -60,7 +60,7 @@ class WorkPool {
   std::mutex mu_;
   std::condition_variable has_work_, has_room_;
   std::deque<Job> queue_;
-  size_t in_flight_ = 0;  // counted jobs queued or running
+  size_t in_flight_ = 0;  // buffer-holding jobs queued or running
   size_t max_queued_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
