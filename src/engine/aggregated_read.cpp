@@ -27,11 +27,6 @@ constexpr uint64_t kMinBoundedWindow = 64;   // windows of a memory budget (call
 constexpr uint64_t kMaxWindow = 1ull << 30;  // keeps every piece length below INT_MAX
 constexpr int kSlots = 2;                    // one window is read while the previous one is sent
 constexpr int kPollMicros = 50;
-// While a window is being read, MPI is polled (for the previous window's sends) at intervals
-// growing to this: a 50 us poll by every rank starved the file system's client and server
-// processes on an oversubscribed node (the GlusterFS load took 2.0-2.4x the read floor, 1.26x
-// with 2 ms). A finished read still wakes the wait at once.
-constexpr int kMaxReadyPollMicros = 2000;
 
 using two_phase::Geometry;
 
@@ -92,13 +87,11 @@ class WindowReader {
   // Waits until window j is in its slot, letting MPI progress in between.
   void wait_ready(size_t j, MPI_Comm comm) {
     std::unique_lock<std::mutex> lock(mu_);
-    int poll_us = kPollMicros;
-    while (!cv_.wait_for(lock, std::chrono::microseconds(poll_us), [&] { return ready_ > j; })) {
+    while (!cv_.wait_for(lock, std::chrono::microseconds(kPollMicros), [&] { return ready_ > j; })) {
       lock.unlock();
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm, &flag, MPI_STATUS_IGNORE);  // progress only
       lock.lock();
-      poll_us = std::min(2 * poll_us, kMaxReadyPollMicros);
     }
   }
   // The sends of every window before `j` completed: their slots may be refilled.
