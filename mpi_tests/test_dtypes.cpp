@@ -170,6 +170,48 @@ TEST_F(Dtypes, F32CheckpointIntoBf16BufferRoundsToNearestEven) {
   EXPECT_EQ(r2.status().code(), ErrorCode::kDtypeMismatch);
 }
 
+// A padded vocabulary loaded into another dtype: the stored rows are converted, the padding rows
+// come out as zeros. Through two-phase reads the item lands in uninitialized scratch first (the
+// test runs with MALLOC_PERTURB_, so that scratch holds garbage): its padding must be zeroed
+// before the conversion, not taken from whatever the memory held.
+TEST_F(Dtypes, PaddedVocabularyConvertsPaddingToZeros) {
+  const int n = world_size();
+  Topology topo = topo_of(n, 1);
+  const Shape saved{37, 4};
+  std::vector<float> full(37 * 4);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = 0.25f * float(i);  // at most 8 significant bits: exact in bf16
+  {
+    ShardSpec s = ShardSpec::split(saved, 0, n, topo.coords().tp);
+    std::vector<float> mine(full.begin() + s.box.offset[0] * 4, full.begin() + (s.box.offset[0] + s.box.shape[0]) * 4);
+    StateDict st;
+    st.add("model/embed", DType::kF32, saved, s, mine.data());
+    Checkpointer ck(topo);
+    ASSERT_TRUE(ck.save(st, root_ + "/vocab").ok());
+  }
+  const Shape want{40, 4};
+  ShardSpec s = ShardSpec::split(want, 0, n, topo.coords().tp);
+  std::vector<uint16_t> buf(s.numel() + 1, 0xFFFF);
+  StateDict st;
+  st.add("model/embed", DType::kBF16, want, s, buf.data()).allow_shape_mismatch = true;
+  Checkpointer ck(topo);
+  for (bool aggregate : {false, true}) {  // per-item reads, and two-phase reads
+    LoadOptions o;
+    o.aggregate_reads = aggregate;
+    o.read_window_bytes = 64;
+    std::fill(buf.begin(), buf.end() - 1, 0xFFFF);
+    auto r = ck.load(st, root_ + "/vocab", o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (int64_t j = 0; j < s.numel(); ++j) {
+      const int64_t row = s.box.offset[0] + j / 4;
+      uint32_t u = 0;
+      if (row < 37) std::memcpy(&u, &full[row * 4 + j % 4], 4);
+      ASSERT_EQ(buf[j], static_cast<uint16_t>(u >> 16)) << "row " << row << " element " << j % 4
+                                                         << (aggregate ? " (aggregated)" : "");
+    }
+    EXPECT_EQ(buf.back(), 0xFFFF) << "wrote past the buffer";
+  }
+}
+
 TEST_F(Dtypes, PaddedVocabularyShapeMismatch) {
   const int n = world_size();
   Topology topo = topo_of(n, 1);
