@@ -205,8 +205,8 @@ TEST_F(Dtypes, PaddedVocabularyConvertsPaddingToZeros) {
       const int64_t row = s.box.offset[0] + j / 4;
       uint32_t u = 0;
       if (row < 37) std::memcpy(&u, &full[row * 4 + j % 4], 4);
-      ASSERT_EQ(buf[j], static_cast<uint16_t>(u >> 16)) << "row " << row << " element " << j % 4
-                                                         << (aggregate ? " (aggregated)" : "");
+      ASSERT_EQ(buf[j], static_cast<uint16_t>(u >> 16))
+          << "row " << row << " element " << j % 4 << (aggregate ? " (aggregated)" : "");
     }
     EXPECT_EQ(buf.back(), 0xFFFF) << "wrote past the buffer";
   }
