@@ -38,6 +38,19 @@ const DType kAll[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType
 
 std::string key_of(DType t) { return std::string("model/dtypes/") + dtype_name(t); }
 
+// Saves `full`, a [37, 4] f32 vocabulary, split by rows over the ranks as "model/embed".
+bool save_vocabulary(const Topology& topo, const std::vector<float>& full, const std::string& path) {
+  const Shape saved{37, 4};
+  ShardSpec s = ShardSpec::split(saved, 0, topo.sizes().tp, topo.coords().tp);
+  std::vector<float> mine(full.begin() + s.box.offset[0] * 4, full.begin() + (s.box.offset[0] + s.box.shape[0]) * 4);
+  StateDict st;
+  st.add("model/embed", DType::kF32, saved, s, mine.data());
+  Checkpointer ck(topo);
+  auto r = ck.save(st, path);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok();
+}
+
 }  // namespace
 
 class Dtypes : public ::testing::Test {
@@ -177,17 +190,9 @@ TEST_F(Dtypes, F32CheckpointIntoBf16BufferRoundsToNearestEven) {
 TEST_F(Dtypes, PaddedVocabularyConvertsPaddingToZeros) {
   const int n = world_size();
   Topology topo = topo_of(n, 1);
-  const Shape saved{37, 4};
   std::vector<float> full(37 * 4);
   for (size_t i = 0; i < full.size(); ++i) full[i] = 0.25f * float(i);  // at most 8 significant bits: exact in bf16
-  {
-    ShardSpec s = ShardSpec::split(saved, 0, n, topo.coords().tp);
-    std::vector<float> mine(full.begin() + s.box.offset[0] * 4, full.begin() + (s.box.offset[0] + s.box.shape[0]) * 4);
-    StateDict st;
-    st.add("model/embed", DType::kF32, saved, s, mine.data());
-    Checkpointer ck(topo);
-    ASSERT_TRUE(ck.save(st, root_ + "/vocab").ok());
-  }
+  ASSERT_TRUE(save_vocabulary(topo, full, root_ + "/vocab"));
   const Shape want{40, 4};
   ShardSpec s = ShardSpec::split(want, 0, n, topo.coords().tp);
   std::vector<uint16_t> buf(s.numel() + 1, 0xFFFF);
@@ -215,17 +220,9 @@ TEST_F(Dtypes, PaddedVocabularyConvertsPaddingToZeros) {
 TEST_F(Dtypes, PaddedVocabularyShapeMismatch) {
   const int n = world_size();
   Topology topo = topo_of(n, 1);
-  const Shape saved{37, 4};
   std::vector<float> full(37 * 4);
   for (size_t i = 0; i < full.size(); ++i) full[i] = float(i) + 0.5f;
-  {
-    ShardSpec s = ShardSpec::split(saved, 0, n, topo.coords().tp);
-    std::vector<float> mine(full.begin() + s.box.offset[0] * 4, full.begin() + (s.box.offset[0] + s.box.shape[0]) * 4);
-    StateDict st;
-    st.add("model/embed", DType::kF32, saved, s, mine.data());
-    Checkpointer ck(topo);
-    ASSERT_TRUE(ck.save(st, root_ + "/vocab").ok());
-  }
+  ASSERT_TRUE(save_vocabulary(topo, full, root_ + "/vocab"));
   for (int64_t rows : {40, 32}) {  // padded up, and shrunk
     const Shape want{rows, 4};
     ShardSpec s = ShardSpec::split(want, 0, n, topo.coords().tp);
