@@ -120,7 +120,7 @@ ensure_glusterd() {
 # Client mount points of a volume's state file, one per line.
 client_mounts() { local d=$1; echo "$d/mnt"; ls -d "$d"/clients/node-* 2>/dev/null || true; }
 
-# Unmounts a client and ends its glusterfs process (pid file beside the mount).
+# Unmounts a client and sends its glusterfs process SIGTERM; prints the pid to wait for.
 stop_client() {
   local mnt=$1 pidf pid
   pidf=$(dirname "$mnt")/.$(basename "$mnt").pid
@@ -130,7 +130,7 @@ stop_client() {
   fi
   if alive "$pid" && grep -q glusterfs "/proc/$pid/comm" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null || true
-    wait_gone "$pid" 5
+    echo "$pid"
   fi
   rm -f "$pidf"
 }
@@ -139,7 +139,13 @@ stop_client() {
 teardown() {
   local d=$1 vol="" pid mnt
   [[ -f $d/state ]] && vol=$(sed -n 's/^VOL=//p' "$d/state")
-  while IFS= read -r mnt; do stop_client "$mnt"; done < <(client_mounts "$d")
+  # All clients told to stop first, then waited for: each takes about 2 s to exit after SIGTERM.
+  local stopping=()
+  while IFS= read -r mnt; do
+    pid=$(stop_client "$mnt")
+    [[ -z $pid ]] || stopping+=("$pid")
+  done < <(client_mounts "$d")
+  for pid in "${stopping[@]}"; do wait_gone "$pid" 5; done
   if [[ -n $vol ]]; then
     local pids=()
     for f in "$VOL_RUN/$vol"/*.pid; do
