@@ -45,6 +45,9 @@ fi
 
 BUILD_DIR=${H5CKPT_BUILD_DIR:-build}
 JOBS=${H5CKPT_JOBS:-$(nproc)}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE:-RelWithDebInfo} >/dev/null
+CONFIG=(-DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}")
+# H5CKPT_DEBUG_LEVEL=1: line tables only (CI sets it; see CMakeLists.txt).
+[[ -z ${H5CKPT_DEBUG_LEVEL:-} ]] || CONFIG+=(-DH5CKPT_DEBUG_LEVEL="$H5CKPT_DEBUG_LEVEL")
+cmake -S . -B "$BUILD_DIR" "${CONFIG[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 echo "setup: built in $BUILD_DIR"
