@@ -559,19 +559,10 @@ struct AggregatedLoad {
   Status prep;                    // a span that could not be computed while collecting
   Status local;
   // The scratch without a budget: uninitialized (a checked span is read whole, a converted item
-  // zeroed first) and, when large, in huge pages (planner::BulkAllocator). It is about the rank's
+  // zeroed first) and, when large, in huge pages (planner::BulkBuffer). It is about the rank's
   // share of the checkpoint: zero-filled 4 KiB pages (a std::vector) took 3.7-4.2 s per rank for
   // 273 MB at 4 ranks on the 2-core VM, longer than the read (docs/performance.md).
-  struct HeapScratch {
-    char* data = nullptr;
-    size_t bytes = 0;
-    HeapScratch() = default;
-    HeapScratch(const HeapScratch&) = delete;
-    HeapScratch& operator=(const HeapScratch&) = delete;
-    ~HeapScratch() {
-      if (data) planner::BulkAllocator<char>().deallocate(data, bytes);
-    }
-  } heap;
+  planner::BulkBuffer heap;
   MemoryBudget::Lease heap_lease;
   char* scratch = nullptr;
   char* slots = nullptr;
@@ -698,12 +689,11 @@ struct AggregatedLoad {
     } else if (most) {
       if (MemoryBudget* b = run.pool.budget(); b && b->try_reserve(most)) heap_lease = MemoryBudget::Lease(b, most);
       try {
-        heap.data = planner::BulkAllocator<char>().allocate(most);
-        heap.bytes = most;
+        heap = planner::BulkBuffer(most);
       } catch (const std::bad_alloc&) {
         local = Status(ErrorCode::kIo, "could not allocate " + std::to_string(most) + " bytes of read scratch");
       }
-      scratch = heap.data;
+      scratch = heap.data();
     }
   }
 

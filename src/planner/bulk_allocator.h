@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace h5ckpt::planner {
@@ -53,6 +54,30 @@ struct BulkAllocator {
 template <class T>
 using BulkVector = std::vector<T, BulkAllocator<T>>;
 
+/// One uninitialized buffer from BulkAllocator, freed when it goes: for scratch that every use
+/// writes before it reads, so that nothing pays for zero-filling it.
+class BulkBuffer {
+ public:
+  BulkBuffer() = default;
+  explicit BulkBuffer(size_t bytes) : size_(bytes), data_(bytes ? BulkAllocator<char>().allocate(bytes) : nullptr) {}
+  ~BulkBuffer() {
+    if (data_) BulkAllocator<char>().deallocate(data_, size_);
+  }
+  BulkBuffer(BulkBuffer&& o) noexcept : size_(std::exchange(o.size_, 0)), data_(std::exchange(o.data_, nullptr)) {}
+  BulkBuffer& operator=(BulkBuffer&& o) noexcept {
+    std::swap(size_, o.size_);
+    std::swap(data_, o.data_);
+    return *this;
+  }
+
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+  char* data_ = nullptr;
+};
+
 /// Bump allocation from one huge-page mapping, for many small vectors that grow while a large
 /// input is scanned (the save planner's 15,000 per-tensor tables at 8,960 ranks: about 40 MB
 /// that, taken from malloc, faulted in 10,000 fresh 4 KiB pages). Nothing is given back before
@@ -60,18 +85,12 @@ using BulkVector = std::vector<T, BulkAllocator<T>>;
 /// used are touched: the reservation is address space.
 class BulkArena {
  public:
-  explicit BulkArena(size_t bytes)
-      : size_(bytes), base_(bytes ? BulkAllocator<unsigned char>().allocate(bytes) : nullptr) {}
-  ~BulkArena() {
-    if (base_) BulkAllocator<unsigned char>().deallocate(base_, size_);
-  }
-  BulkArena(const BulkArena&) = delete;
-  BulkArena& operator=(const BulkArena&) = delete;
+  explicit BulkArena(size_t bytes) : buf_(bytes) {}
 
   void* allocate(size_t bytes) {
     bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-    if (bytes > size_ - used_) return ::operator new(bytes);
-    void* p = base_ + used_;
+    if (bytes > buf_.size() - used_) return ::operator new(bytes);
+    void* p = buf_.data() + used_;
     used_ += bytes;
     return p;
   }
@@ -82,10 +101,10 @@ class BulkArena {
  private:
   static constexpr size_t kAlign = 16;
   bool owns(const void* p) const {
-    return p >= static_cast<const void*>(base_) && p < static_cast<const void*>(base_ + size_);
+    return p >= static_cast<const void*>(buf_.data()) && p < static_cast<const void*>(buf_.data() + buf_.size());
   }
-  size_t size_, used_ = 0;
-  unsigned char* base_;
+  BulkBuffer buf_;
+  size_t used_ = 0;
 };
 
 /// A std allocator drawing from a BulkArena.
