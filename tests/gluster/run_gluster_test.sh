@@ -44,10 +44,18 @@ VOL=$WORK/vol
 SH=$VOL/mnt  # the shared path: the host's client here, node i's own client inside node i
 BG=()
 cleanup() {
-  local p
+  local p rc=$? left
   for p in "${BG[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   GLUSTER_QUIET=1 "$SRC/scripts/gluster.sh" stop --dir "$VOL" || true
+  # The stop must have ended every process it started (clients and bricks name $VOL on their
+  # command lines) and unmounted every client, by the time it returns.
+  left=$( (pgrep -af -- "$VOL" || true; grep -F -- " $VOL" /proc/mounts || true) | grep -v "run_gluster_test" || true)
+  if [[ -n $left ]]; then
+    say "FAILED: 'gluster.sh stop' returned with these left behind:"$'\n'"$left"
+    ((rc)) || rc=1
+  fi
   if [[ ${KEEP_WORK:-0} == 1 ]]; then say "kept $WORK"; else rm -rf "$WORK"; fi
+  exit "$rc"
 }
 trap cleanup EXIT
 rc=0
