@@ -139,7 +139,8 @@ struct CheckpointerOptions {
   int io_threads = 1;
   /// Threads checking a load's verification blocks while the next bytes are read (each chunk of
   /// about 4 MiB is one job, so they also run side by side). 0: the hardware threads divided by
-  /// the ranks on this node, at least 1. Loads under memory_bytes check on the reading thread.
+  /// the ranks on this node, less the reader threads (io_threads), at least 1. Loads under
+  /// memory_bytes check on the reading thread.
   int verify_threads = 0;
   /// Threads copying save_async's host snapshot into the staging pool (slices of at least
   /// 1 MiB, several pieces at once). 0: the hardware threads divided by the ranks on this node,

@@ -4,10 +4,10 @@
 
 namespace h5ckpt::detail {
 
-int default_threads(int requested, int ranks_here) {
+int default_threads(int requested, int ranks_here, int busy_here) {
   if (requested > 0) return requested;
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, hw / std::max(1, ranks_here));
+  return std::max(1, hw / std::max(1, ranks_here) - std::max(0, busy_here));
 }
 
 WorkPool::WorkPool(int threads, int max_queued) {
@@ -90,15 +90,32 @@ void WorkPool::work() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    Status st = job.run();
-    finish_one(job.group, st);
-    if (!job.holds_buffer) continue;
+    run(job);
+  }
+}
+
+void WorkPool::help() {
+  for (;;) {
+    Job job;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      --in_flight_;
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
     }
-    has_room_.notify_one();
+    run(job);
   }
+}
+
+void WorkPool::run(Job& job) {
+  Status st = job.run();
+  finish_one(job.group, st);
+  if (!job.holds_buffer) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+  }
+  has_room_.notify_one();
 }
 
 }  // namespace h5ckpt::detail

@@ -16,8 +16,9 @@
 namespace h5ckpt::detail {
 
 /// Threads for a checkpoint operation: `requested` when positive, else the machine's hardware
-/// threads shared by the `ranks_here` ranks of this node (at least 1).
-int default_threads(int requested, int ranks_here);
+/// threads shared by the `ranks_here` ranks of this node, less `busy_here` threads this rank keeps
+/// busy beside them (a load's readers), at least 1.
+int default_threads(int requested, int ranks_here, int busy_here = 0);
 
 class WorkPool {
  public:
@@ -47,6 +48,9 @@ class WorkPool {
   void seal(const std::shared_ptr<Group>& g, const Status& producer = Status::Ok());
   /// Blocks until `g` is sealed and every job of it has run; returns its outcome.
   Status wait(const std::shared_ptr<Group>& g);
+  /// Runs queued jobs (of any group) on the calling thread until none is queued: a producer that
+  /// has nothing left to produce lends its core, so the last jobs do not wait for the workers.
+  void help();
 
  private:
   struct Job {
@@ -55,6 +59,7 @@ class WorkPool {
     bool holds_buffer = true;  // counts against max_queued_
   };
   void work();
+  void run(Job& job);
   void finish_one(const std::shared_ptr<Group>& g, const Status& st);
 
   std::mutex mu_;

@@ -1,0 +1,142 @@
+// detail::WorkPool and default_threads: the helper threads behind a load's block checks and a
+// snapshot's copies. What is tried here: a producer that helps runs the queued jobs itself while
+// every worker is held up, the room of buffer-holding jobs it runs is given back, their errors
+// reach the group, and the default thread count leaves the readers' cores alone.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "util/work_pool.h"
+
+using namespace h5ckpt;
+using detail::WorkPool;
+
+namespace {
+
+// Holds a worker inside a job until released.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, open = false;
+  Status hold() {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+    return Status::Ok();
+  }
+  void wait_entered() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return entered; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+  // Let go on every way out of a test (a failed assertion too), before the pool joins its worker.
+  struct Releaser {
+    Gate& gate;
+    ~Releaser() { gate.release(); }
+  };
+};
+
+}  // namespace
+
+TEST(DefaultThreads, RequestedWinsElseHardwareShareLessTheBusyThreads) {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(detail::default_threads(3, 64, 8), 3);
+  EXPECT_EQ(detail::default_threads(0, 1), std::max(1, hw));
+  EXPECT_EQ(detail::default_threads(0, 1, 1), std::max(1, hw - 1));
+  EXPECT_EQ(detail::default_threads(0, 2, 1), std::max(1, hw / 2 - 1));
+  EXPECT_EQ(detail::default_threads(0, 1, hw + 5), 1);  // never fewer than one
+  EXPECT_EQ(detail::default_threads(0, 4 * hw, 0), 1);
+}
+
+TEST(WorkPool, HelpRunsTheQueuedJobsOnTheCallingThreadWhileTheWorkerIsHeld) {
+  WorkPool pool(1, /*max_queued=*/64);
+  Gate gate;
+  Gate::Releaser releaser{gate};
+  auto held = pool.group();
+  pool.submit(held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
+  pool.seal(held);
+  gate.wait_entered();  // the only worker is busy until released
+
+  constexpr int kJobs = 12;
+  std::vector<std::thread::id> ran_on(kJobs);
+  std::atomic<int> ran{0};
+  auto g = pool.group();
+  for (int i = 0; i < kJobs; ++i)
+    pool.submit(g, [&, i] {
+      ran_on[i] = std::this_thread::get_id();
+      ++ran;
+      return i == 7 ? Status(ErrorCode::kCorrupt, "job 7 found a bad block") : Status::Ok();
+    });
+  pool.seal(g);
+  pool.help();
+  // Every job ran, here, before the worker was let go.
+  ASSERT_EQ(ran.load(), kJobs);
+  for (int i = 0; i < kJobs; ++i) EXPECT_EQ(ran_on[i], std::this_thread::get_id()) << "job " << i;
+  const Status outcome = pool.wait(g);
+  EXPECT_EQ(outcome.code(), ErrorCode::kCorrupt);
+  EXPECT_NE(outcome.to_string().find("job 7"), std::string::npos) << outcome.to_string();
+  gate.release();
+  EXPECT_TRUE(pool.wait(held).ok());
+}
+
+TEST(WorkPool, JobsRunByHelpGiveBackTheirBufferRoom) {
+  // Room for two buffer-holding jobs; the worker is held by a job that holds none.
+  WorkPool pool(1, /*max_queued=*/2);
+  Gate gate;
+  Gate::Releaser releaser{gate};
+  auto held = pool.group();
+  pool.submit(held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
+  pool.seal(held);
+  gate.wait_entered();
+
+  std::atomic<int> ran{0};
+  auto g = pool.group();
+  auto job = [&] {
+    ++ran;
+    return Status::Ok();
+  };
+  pool.submit(g, job);
+  pool.submit(g, job);  // the room is full now
+  pool.help();
+  ASSERT_EQ(ran.load(), 2);
+  // Both slots are free again: two more submits must not block while the worker is still held.
+  auto more = std::async(std::launch::async, [&] {
+    pool.submit(g, job);
+    pool.submit(g, job);
+  });
+  ASSERT_EQ(more.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "submit blocked: the jobs help() ran did not give back their room";
+  pool.help();
+  pool.seal(g);
+  EXPECT_TRUE(pool.wait(g).ok());
+  EXPECT_EQ(ran.load(), 4);
+  gate.release();
+  EXPECT_TRUE(pool.wait(held).ok());
+}
+
+TEST(WorkPool, HelpWithNothingQueuedReturnsAtOnce) {
+  WorkPool pool(2);
+  pool.help();
+  auto g = pool.group();
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 5; ++i)
+    pool.submit(g, [&] {
+      ++ran;
+      return Status::Ok();
+    });
+  pool.seal(g);
+  EXPECT_TRUE(pool.wait(g).ok());
+  pool.help();
+  EXPECT_EQ(ran.load(), 5);
+}

@@ -1,0 +1,2 @@
+h5ckpt_unit_test_binary(test_work_pool LINK h5ckpt_util test_work_pool.cpp)
+h5ckpt_add_unit_test(test_work_pool)
