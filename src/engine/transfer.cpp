@@ -895,13 +895,21 @@ struct StateTransfer::Impl::Round {
   // while this thread keeps MPI moving (bulk bytes advance only inside MPI calls).
   void drive(bool sums_after) {
     detail::WorkPool& pool = call.impl.workers(call.options.threads);
-    std::atomic<bool> hashed{!sums_after};
-    auto sums = pool.group([&hashed](const Status&) { hashed = true; });
+    // Each source piece's sums go out as soon as its own blocks are hashed, in piece order (the
+    // order its destination posted the receives in), so the destination checks a piece while the
+    // next ones are still hashed, rather than after the last.
+    std::vector<size_t> hashing;  // this round's source pieces, in piece order
+    std::unique_ptr<std::atomic<bool>[]> hashed(new std::atomic<bool>[call.np]());
+    std::vector<std::shared_ptr<detail::WorkPool::Group>> hash_groups;
     for (size_t k = 0; k < call.np && sums_after; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (in_round(k) && p.src_rank == call.me) submit_hashes(pool, sums, source(k), p, call.geo[k], call.fresh[k]);
+      if (!in_round(k) || p.src_rank != call.me) continue;
+      std::atomic<bool>* flag = &hashed[k];
+      hash_groups.push_back(pool.group([flag](const Status&) { *flag = true; }));
+      submit_hashes(pool, hash_groups.back(), source(k), p, call.geo[k], call.fresh[k]);
+      pool.seal(hash_groups.back());
+      hashing.push_back(k);
     }
-    pool.seal(sums);
     auto checks = pool.group();
     auto arrived = [&](size_t k) {  // all of piece k is here and its sums are known
       if (call.options.verify && local.ok()) submit_checks(pool, checks, k);
@@ -914,20 +922,21 @@ struct StateTransfer::Impl::Round {
     };
     bool sums_posted = !sums_after;
     if (sums_posted) own_pieces_arrived();
+    size_t next_sums = 0;  // hashing[next_sums] is the next piece whose sums go out
     const comm::Deadline deadline;
     std::vector<int> done;
     while (true) {
-      if (!sums_posted && hashed.load()) {
-        (void)pool.wait(sums);
-        for (size_t k = 0; k < call.np && local.ok(); ++k) {
-          const TransferPiece& p = (*call.pieces)[k];
-          if (in_round(k) && p.src_rank == call.me && p.dst_rank != call.me)
-            post(true, p.dst_rank, reinterpret_cast<const char*>(call.fresh[k].data()),
-                 call.geo[k].blocks * sizeof(uint64_t), kSumTag, -1);
+      for (; next_sums < hashing.size() && hashed[hashing[next_sums]].load(); ++next_sums) {
+        const size_t k = hashing[next_sums];
+        const TransferPiece& p = (*call.pieces)[k];
+        if (p.dst_rank == call.me) {
+          arrived(k);
+        } else if (local.ok()) {
+          post(true, p.dst_rank, reinterpret_cast<const char*>(call.fresh[k].data()),
+               call.geo[k].blocks * sizeof(uint64_t), kSumTag, -1);
         }
-        sums_posted = true;
-        own_pieces_arrived();
       }
+      if (!sums_posted && next_sums == hashing.size()) sums_posted = true;
       int count = MPI_UNDEFINED;
       if (!requests.empty()) {
         done.resize(requests.size());
@@ -947,6 +956,7 @@ struct StateTransfer::Impl::Round {
       comm::check_deadline(deadline, "transfer (exchange)", call.w());
       std::this_thread::yield();
     }
+    for (const auto& g : hash_groups) (void)pool.wait(g);  // they write into call.fresh: done before it goes
     pool.seal(checks);
     Status checked = pool.wait(checks);
     if (local.ok()) local = checked;
