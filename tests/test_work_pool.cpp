@@ -64,7 +64,8 @@ TEST(WorkPool, HelpRunsTheQueuedJobsOnTheCallingThreadWhileTheWorkerIsHeld) {
   Gate gate;
   Gate::Releaser releaser{gate};
   auto held = pool.group();
-  pool.submit(held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
+  pool.submit(
+      held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
   pool.seal(held);
   gate.wait_entered();  // the only worker is busy until released
 
@@ -96,7 +97,8 @@ TEST(WorkPool, JobsRunByHelpGiveBackTheirBufferRoom) {
   Gate gate;
   Gate::Releaser releaser{gate};
   auto held = pool.group();
-  pool.submit(held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
+  pool.submit(
+      held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
   pool.seal(held);
   gate.wait_entered();
 
