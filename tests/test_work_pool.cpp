@@ -40,11 +40,24 @@ struct Gate {
     open = true;
     cv.notify_all();
   }
-  // Let go on every way out of a test (a failed assertion too), before the pool joins its worker.
-  struct Releaser {
-    Gate& gate;
-    ~Releaser() { gate.release(); }
-  };
+};
+
+// A pool whose only worker is held inside a job until the test ends (a failed assertion too):
+// whatever else is submitted waits in the queue.
+struct HeldPool {
+  WorkPool pool;
+  Gate gate;
+  std::shared_ptr<WorkPool::Group> held;
+  explicit HeldPool(int max_queued) : pool(1, max_queued), held(pool.group()) {
+    pool.submit(
+        held, [this] { return gate.hold(); }, /*holds_buffer=*/false);
+    pool.seal(held);
+    gate.wait_entered();
+  }
+  ~HeldPool() {
+    gate.release();
+    EXPECT_TRUE(pool.wait(held).ok());
+  }
 };
 
 }  // namespace
@@ -60,18 +73,12 @@ TEST(DefaultThreads, RequestedWinsElseHardwareShareLessTheBusyThreads) {
 }
 
 TEST(WorkPool, HelpRunsTheQueuedJobsOnTheCallingThreadWhileTheWorkerIsHeld) {
-  WorkPool pool(1, /*max_queued=*/64);
-  Gate gate;
-  Gate::Releaser releaser{gate};
-  auto held = pool.group();
-  pool.submit(
-      held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
-  pool.seal(held);
-  gate.wait_entered();  // the only worker is busy until released
-
-  constexpr int kJobs = 12;
+  constexpr int kJobs = 12;  // what the jobs write outlives the pool (declared first)
   std::vector<std::thread::id> ran_on(kJobs);
   std::atomic<int> ran{0};
+  HeldPool held(/*max_queued=*/64);
+  WorkPool& pool = held.pool;
+
   auto g = pool.group();
   for (int i = 0; i < kJobs; ++i)
     pool.submit(g, [&, i] {
@@ -87,22 +94,14 @@ TEST(WorkPool, HelpRunsTheQueuedJobsOnTheCallingThreadWhileTheWorkerIsHeld) {
   const Status outcome = pool.wait(g);
   EXPECT_EQ(outcome.code(), ErrorCode::kCorrupt);
   EXPECT_NE(outcome.to_string().find("job 7"), std::string::npos) << outcome.to_string();
-  gate.release();
-  EXPECT_TRUE(pool.wait(held).ok());
 }
 
 TEST(WorkPool, JobsRunByHelpGiveBackTheirBufferRoom) {
-  // Room for two buffer-holding jobs; the worker is held by a job that holds none.
-  WorkPool pool(1, /*max_queued=*/2);
-  Gate gate;
-  Gate::Releaser releaser{gate};
-  auto held = pool.group();
-  pool.submit(
-      held, [&] { return gate.hold(); }, /*holds_buffer=*/false);
-  pool.seal(held);
-  gate.wait_entered();
-
   std::atomic<int> ran{0};
+  // Room for two buffer-holding jobs; the worker is held by a job that holds none.
+  HeldPool held(/*max_queued=*/2);
+  WorkPool& pool = held.pool;
+
   auto g = pool.group();
   auto job = [&] {
     ++ran;
@@ -123,8 +122,6 @@ TEST(WorkPool, JobsRunByHelpGiveBackTheirBufferRoom) {
   pool.seal(g);
   EXPECT_TRUE(pool.wait(g).ok());
   EXPECT_EQ(ran.load(), 4);
-  gate.release();
-  EXPECT_TRUE(pool.wait(held).ok());
 }
 
 TEST(WorkPool, HelpWithNothingQueuedReturnsAtOnce) {
