@@ -920,9 +920,8 @@ struct StateTransfer::Impl::Round {
         if (in_round(k) && p.dst_rank == call.me && p.src_rank == call.me) arrived(k);
       }
     };
-    bool sums_posted = !sums_after;
-    if (sums_posted) own_pieces_arrived();
-    size_t next_sums = 0;  // hashing[next_sums] is the next piece whose sums go out
+    if (!sums_after) own_pieces_arrived();  // their sums came first (a delta): ready now
+    size_t next_sums = 0;                   // hashing[next_sums] is the next piece whose sums go out
     const comm::Deadline deadline;
     std::vector<int> done;
     while (true) {
@@ -936,7 +935,6 @@ struct StateTransfer::Impl::Round {
                call.geo[k].blocks * sizeof(uint64_t), kSumTag, -1);
         }
       }
-      if (!sums_posted && next_sums == hashing.size()) sums_posted = true;
       int count = MPI_UNDEFINED;
       if (!requests.empty()) {
         done.resize(requests.size());
@@ -952,7 +950,7 @@ struct StateTransfer::Impl::Round {
         const int64_t k = request_piece[done[i]];
         if (k >= 0 && --pending[k] == 0) arrived(static_cast<size_t>(k));
       }
-      if (count == MPI_UNDEFINED && sums_posted) break;
+      if (count == MPI_UNDEFINED && next_sums == hashing.size()) break;  // every message done, every sum out
       comm::check_deadline(deadline, "transfer (exchange)", call.w());
       std::this_thread::yield();
     }
