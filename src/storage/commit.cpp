@@ -278,20 +278,19 @@ bool plausible_name(const std::string& name) {
 
 }  // namespace
 
-namespace {
-
 // File systems whose clients cache names and attributes for a while without asking the server:
 // FUSE (GlusterFS, BeeGFS's and CephFS's FUSE clients: entry and attribute timeouts, 1 s by default)
-// and NFS (attribute cache). There a name looked up less than a timeout ago may still lead to the
-// file it named before another client's rename. Lustre, GPFS and the kernel CephFS client keep
-// their caches coherent with locks, and local file systems have one cache.
-bool names_cached_per_client(const std::string& dir) {
+// and NFS (attribute cache). Lustre, GPFS and the kernel CephFS client keep their caches coherent
+// with locks, and local file systems have one cache.
+bool names_cached_per_client(const std::string& path) {
   struct statfs sf {};
-  if (::statfs(dir.c_str(), &sf) != 0) return false;
+  if (::statfs(path.c_str(), &sf) != 0) return false;
   constexpr unsigned long kFuseMagic = 0x65735546, kNfsMagic = 0x6969, kSmbMagic = 0xFE534D42, kCifsMagic = 0xFF534D42;
   const auto t = static_cast<unsigned long>(sf.f_type);
   return t == kFuseMagic || t == kNfsMagic || t == kSmbMagic || t == kCifsMagic;
 }
+
+namespace {
 
 // The inode number under which `name` is listed in `dir`, 0 when it is not listed. A directory
 // listing is fetched from the server (FUSE and NFS clients do not answer it from the name cache),
@@ -311,11 +310,6 @@ ino_t listed_inode(const std::string& dir, const char* name) {
   return ino;
 }
 
-// How long a reader waits for its client's name cache to catch up with a `latest` that another
-// client replaced: beyond GlusterFS's and NFS's default timeouts (1 s; NFS revalidates on open).
-constexpr int kLatestRevalidateMs = 3000;
-constexpr int kLatestRevalidateStepMs = 50;
-
 }  // namespace
 
 std::string read_latest_name(const std::string& root, std::string* problem) {
@@ -326,7 +320,7 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
   const std::string path = (fs::path(root) / kLatestFileName).string();
   const bool revalidate = names_cached_per_client(root);
   std::string name;
-  for (int waited_ms = 0;; waited_ms += kLatestRevalidateStepMs) {
+  for (int waited_ms = 0;; waited_ms += kClientCacheStepMs) {
     struct stat sb {};
     if (::lstat(path.c_str(), &sb) != 0)
       return fail(errno == ENOENT ? "there is no 'latest'"
@@ -356,14 +350,14 @@ std::string read_latest_name(const std::string& root, std::string* problem) {
     // still leads to the file it replaced (an older checkpoint's name). The server's listing says
     // which file the name holds now; wait until the cache agrees (or the timeout passes).
     if (!revalidate || listed_inode(root, kLatestFileName) == fsb.st_ino) break;
-    if (waited_ms >= kLatestRevalidateMs) {
+    if (waited_ms >= kClientCacheWaitMs) {
       logging::log().warn(
           "'{}': the client's cached 'latest' still differs from the server's listing after {} ms; "
           "using what it reads",
           path, waited_ms);
       break;
     }
-    ::usleep(kLatestRevalidateStepMs * 1000);
+    ::usleep(kClientCacheStepMs * 1000);
   }
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   if (!plausible_name(name)) return fail("'latest' does not hold a checkpoint name (\"" + excerpt(name) + "\")");

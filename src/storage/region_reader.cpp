@@ -11,6 +11,7 @@
 
 #include <xxhash.h>
 
+#include "storage/commit.h"
 #include "storage/posix_io.h"
 #include "storage/verify_blocks.h"
 #include "util/checked_math.h"
@@ -81,12 +82,25 @@ Result<RegionReader> RegionReader::open(const std::string& data_file) {
                            static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<int64_t>(st.st_ctim.tv_sec),
                            static_cast<int64_t>(st.st_ctim.tv_nsec)};
   r.identity_ = XXH3_64bits(stamp, sizeof stamp);
+  r.sizes_cached_ = names_cached_per_client(data_file);
   return r;
+}
+
+bool RegionReader::holds(uint64_t bytes) {
+  for (int waited_ms = 0; size_ < bytes && sizes_cached_ && waited_ms < kClientCacheWaitMs;
+       waited_ms += kClientCacheStepMs) {
+    ::usleep(kClientCacheStepMs * 1000);
+    struct stat st {};
+    if (io::fstat(fd_, &st) != 0) break;
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  return size_ >= bytes;
 }
 
 RegionReader::RegionReader(RegionReader&& o) noexcept
     : fd_(o.fd_),
       verify_(o.verify_),
+      sizes_cached_(o.sizes_cached_),
       widened_bytes_(o.widened_bytes_),
       verify_buf_(std::move(o.verify_buf_)),
       sink_(std::move(o.sink_)),
@@ -106,7 +120,7 @@ RegionReader::~RegionReader() {
 }
 
 Status RegionReader::pread_exact(void* buf, uint64_t len, uint64_t off) {
-  if (off + len > size_ || off + len < off)
+  if (off + len < off || !holds(off + len))
     return Status(ErrorCode::kCorrupt, "read of bytes [" + std::to_string(off) + ", " + std::to_string(off + len) +
                                            ") past the end of '" + path_ + "' (" + std::to_string(size_) +
                                            " bytes): truncated file");

@@ -23,6 +23,12 @@ class RegionReader {
   ~RegionReader();
 
   uint64_t file_size() const { return size_; }
+  /// Whether the file holds at least `bytes` bytes. Where clients cache attributes
+  /// (names_cached_per_client: GlusterFS, NFS), a node whose ranks wrote their pieces of a data
+  /// file may, for up to the attribute timeout, still see the size it had before the coordinator
+  /// appended the index tables; there a short size is asked again every kClientCacheStepMs until it
+  /// is large enough or kClientCacheWaitMs passed, and file_size() follows. Elsewhere: no wait.
+  bool holds(uint64_t bytes);
   uint64_t bytes_read() const { return bytes_read_; }
   /// The data file as it was opened: a hash of its device, inode, size and modification and
   /// status-change times. Any write to the file, or another file put in its place, changes it
@@ -85,6 +91,7 @@ class RegionReader {
   Status read_checked(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
   int fd_ = -1;
   bool verify_ = true;
+  bool sizes_cached_ = false;  // names_cached_per_client: a short size may be out of date
   uint64_t widened_bytes_ = 0;
   std::vector<char> verify_buf_;
   CheckSink sink_;
