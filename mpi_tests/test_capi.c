@@ -360,7 +360,7 @@ static int flip_pattern(const char* file, const void* pattern, size_t n) {
 static void options_round_trip(const char* root) {
   h5ckpt_checkpointer_options_t co;
   h5ckpt_checkpointer_options_init(&co);
-  CHECK(co.timeout_s == 600 && co.keep_last == 0 && co.keep_every == 0 && co.io_threads == 1 && co.staging_bytes == 0 &&
+  CHECK(co.timeout_s == 600 && co.keep_last == 0 && co.keep_every == 0 && co.io_threads == 0 && co.staging_bytes == 0 &&
             co.memory_bytes == 0,
         "checkpointer defaults");
   h5ckpt_load_options_t lo;

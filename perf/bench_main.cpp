@@ -366,7 +366,7 @@ int main(int argc, char** argv) {
   };
   // Per rank, per load sample: {plan, read, verify, exchange, total} seconds (LoadReport).
   std::map<std::string, std::vector<std::array<double, 5>>> phases;
-  int verify_threads = 0;
+  int verify_threads = 0, io_threads = 0;
   for (int rep = 0; rep < repeats; ++rep) {
     // --- write floors --------------------------------------------------------------------
     if (!no_prewarm) prewarm(raw);
@@ -514,6 +514,7 @@ int main(int argc, char** argv) {
       t["load_exchange_s"].push_back(max_all(lr.exchange_s));
       t["load_verify_s"].push_back(max_all(lr.verify_s));
       verify_threads = lr.verify_threads;
+      io_threads = lr.io_threads;
       phases["verified"].push_back({lr.plan_s, lr.read_s, lr.verify_s, lr.exchange_s, lr.total_s});
       // The same load without checking the verification blocks (LoadOptions::verify = false).
       cold_start(sync_data, ck_begin, ck_end);
@@ -676,6 +677,7 @@ int main(int argc, char** argv) {
     s["load_aggregated_bytes_read"] = m("load_aggregated_bytes_read");
     for (const char* k : {"load_plan_s", "load_read_s", "load_exchange_s", "load_verify_s"}) s[k] = m(k);
     s["verify_threads"] = verify_threads;
+    s["io_threads"] = io_threads;
     s["memcpy_threads"] = copy_threads;
     s["zr_read_bytes_saved"] = 1.0 - m("load_bytes_read") / m("load_no_zr_bytes_read");
     s["peak_rss_mib"] = rss_mib;

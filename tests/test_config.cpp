@@ -216,7 +216,8 @@ TEST_F(ConfigTest, FileErrorsNameKeyFileAndLine) {
       {"[checkpointer]\nstaging_bytes = \"1.5GX\"\n", {"f.toml:2:", "checkpointer.staging_bytes", "unknown unit"}},
       {"[checkpointer]\nalignment = 1.5\n", {"f.toml:2:", "checkpointer.alignment", "floating-point"}},
       {"[checkpointer]\nmax_piece_bytes = 0\n", {"f.toml:2:", "checkpointer.max_piece_bytes", "greater than 0"}},
-      {"[checkpointer]\nio_threads = 0\n", {"f.toml:2:", "checkpointer.io_threads", "from 1 to 1024"}},
+      {"[checkpointer]\nio_threads = 1025\n", {"f.toml:2:", "checkpointer.io_threads", "from 0 to 1024"}},
+      {"[checkpointer]\nio_threads = -1\n", {"f.toml:2:", "checkpointer.io_threads", "from 0 to 1024"}},
       {"[checkpointer]\nio_threads = \"4\"\n", {"f.toml:2:", "checkpointer.io_threads", "an integer"}},
       {"[logging]\nlevel = \"verbose\"\n", {"f.toml:2:", "logging.level", "unknown log level \"verbose\""}},
       {"[load]\nstrictness = \"lenient\"\n",
@@ -296,8 +297,8 @@ TEST_F(ConfigTest, EnvironmentErrorsNameTheVariableAndLeaveConfigUnchanged) {
       {{"H5CKPT_STAGING_BYTES", "-1"}, "negative"},
       {{"H5CKPT_STAGING_BYTES", "1.5GB "}, ""},  // valid: trailing blank ignored (checked below)
       {{"H5CKPT_ALIGNMENT", "1.5"}, "whole number"},
-      {{"H5CKPT_IO_THREADS", "two"}, "from 1 to 1024"},
-      {{"H5CKPT_IO_THREADS", "0"}, "from 1 to 1024"},
+      {{"H5CKPT_IO_THREADS", "two"}, "from 0 to 1024"},
+      {{"H5CKPT_IO_THREADS", "1025"}, "from 0 to 1024"},
       {{"H5CKPT_LOG_LEVEL", "loud"}, "unknown log level"},
       {{"H5CKPT_MPI_HINTS", "cb_nodes=2,novalue"}, "not key=value"},
   };

@@ -140,7 +140,7 @@ typedef struct h5ckpt_checkpointer_options {
   double timeout_s;       /* deadline of every wait for other ranks; then MPI_Abort (default 600; 0: none) */
   int64_t keep_last;      /* keep the N newest checkpoints of the directory saved into (default 0: all) */
   int64_t keep_every;     /* with keep_last: also keep steps that are multiples of K (default 0) */
-  int io_threads;         /* threads reading from storage during a load (default 1) */
+  int io_threads;         /* load reader threads (0, the default: 2 on a network file system, else 1) */
   uint64_t memory_bytes;  /* bound of the library's buffers in a save or load (0: none; else >= 1 KiB) */
   /* Node-local checkpoints (docs/user-guide.md §13). local_dir: a node-local directory ("{node}":
    * the node's index), copied by the create call; NULL or "" (default): off. */

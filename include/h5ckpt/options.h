@@ -135,8 +135,10 @@ struct CheckpointerOptions {
   /// MPI-IO hints passed to the parallel HDF5 file (e.g. romio_cb_write=enable, cb_nodes=4,
   /// striping_factor=8 on Lustre). Unknown hints are ignored by MPI.
   std::map<std::string, std::string> mpi_hints;
-  /// Threads reading from storage during a load (each with its own file handle).
-  int io_threads = 1;
+  /// Threads reading from storage during a load (each with its own file handle). 0: 2 where the
+  /// checkpoint is on a network file system (NFS, GlusterFS and other FUSE clients, Lustre, GPFS,
+  /// BeeGFS, CephFS, SMB), 1 on a local one.
+  int io_threads = 0;
   /// Threads checking a load's verification blocks while the next bytes are read (each chunk of
   /// about 4 MiB is one job, so they also run side by side). 0: the hardware threads divided by
   /// the ranks on this node, less the reader threads (io_threads), at least 1. Loads under
@@ -233,6 +235,7 @@ struct LoadReport {
   /// reads, so this is work hidden inside read_s rather than added to it.
   double verify_s = 0;
   int verify_threads = 0;  ///< threads that checked blocks beside the reads (0: inline)
+  int io_threads = 0;      ///< threads that read from storage (0: this rank read nothing)
   double total_s = 0;
   bool plan_cached = false;
   /// This load read the checkpoint's index (format v2) on the coordinator, validated it and copied

@@ -471,6 +471,8 @@ void bind_core(py::module_& m) {
       .def_readonly("plan_s", &LoadReport::plan_s)
       .def_readonly("read_s", &LoadReport::read_s)
       .def_readonly("exchange_s", &LoadReport::exchange_s)
+      .def_readonly("verify_threads", &LoadReport::verify_threads)
+      .def_readonly("io_threads", &LoadReport::io_threads)
       .def_readonly("total_s", &LoadReport::total_s)
       .def_readonly("plan_cached", &LoadReport::plan_cached)
       .def_readonly("index_shared", &LoadReport::index_shared)

@@ -281,12 +281,12 @@ int h5ckpt_checkpointer_create_with_options(const h5ckpt_topology_t* topo, const
     if (!topo) return fail(ErrorCode::kInvalidArgument, std::string(where) + "topology is NULL");
     h5ckpt::CheckpointerOptions o;
     if (options) {
-      if (!(options->timeout_s >= 0) || options->keep_last < 0 || options->keep_every < 0 || options->io_threads < 1 ||
+      if (!(options->timeout_s >= 0) || options->keep_last < 0 || options->keep_every < 0 || options->io_threads < 0 ||
           options->local_replicas < 0 || options->persist_every < 0 || options->local_keep < 0)
         return fail(ErrorCode::kInvalidArgument,
                     std::string(where) +
                         "timeout_s, keep_last, keep_every, local_replicas, persist_every and "
-                        "local_keep must be >= 0 and io_threads >= 1");
+                        "local_keep must be >= 0 and io_threads >= 0");
       o.staging_bytes = options->staging_bytes;
       o.timeout_s = options->timeout_s;
       o.keep_last = options->keep_last;

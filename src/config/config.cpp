@@ -150,7 +150,7 @@ const char* kind_expectation(Kind k) {
     case Kind::kBool: return "a boolean (true or false)";
     case Kind::kSize: return "a byte size >= 0 (an integer, or a string such as \"512MiB\")";
     case Kind::kPositiveSize: return "a byte size > 0 (an integer, or a string such as \"256MiB\")";
-    case Kind::kThreads: return "an integer from 1 to 1024";
+    case Kind::kThreads: return "an integer from 0 to 1024";
     case Kind::kSeconds: return "a number of seconds >= 0 (0: no timeout)";
     case Kind::kCount: return "an integer >= 0";
     case Kind::kString: return "a string";
@@ -191,8 +191,8 @@ bool log_level_from(const std::string& name, spdlog::level::level_enum* out) {
 // Validates a value already converted to the key's C++ type; returns the problem or "".
 std::string check_range(Kind k, const Value& v) {
   if (k == Kind::kPositiveSize && u(v) == 0) return "must be greater than 0";
-  if (k == Kind::kThreads && (u(v) < 1 || u(v) > static_cast<uint64_t>(kMaxIoThreads)))
-    return "must be from 1 to " + std::to_string(kMaxIoThreads) + ", got " + std::to_string(u(v));
+  if (k == Kind::kThreads && u(v) > static_cast<uint64_t>(kMaxIoThreads))
+    return "must be from 0 to " + std::to_string(kMaxIoThreads) + ", got " + std::to_string(u(v));
   if (k == Kind::kSeconds && !(seconds(v) >= 0 && seconds(v) <= 1e9))  // also refuses NaN
     return std::string("expected ") + kind_expectation(k);
   if (k == Kind::kStrictness && !strictness_from(s(v)))
@@ -277,7 +277,7 @@ std::string value_from_toml(Kind k, const toml::node& n, Value* out) {
       if (n.is_integer()) {
         const int64_t i = n.as_integer()->get();
         if (i < 0)
-          return (k == Kind::kThreads ? "must be from 1 to 1024, got "
+          return (k == Kind::kThreads ? "must be from 0 to 1024, got "
                   : k == Kind::kCount ? "must be >= 0, got "
                                       : "negative size ") +
                  std::to_string(i);

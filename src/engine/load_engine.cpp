@@ -26,6 +26,7 @@
 #include "storage/commit.h"
 #include "storage/meta_v2.h"
 #include "storage/format.h"
+#include "storage/fs_traits.h"
 #include "storage/meta_v1.h"
 #include "storage/region_reader.h"
 #include "storage/verify_blocks.h"
@@ -779,6 +780,7 @@ struct AggregatedLoad {
     }
     run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
     run.report.verify_threads = checks ? checks->threads() : 0;
+    run.report.io_threads = run.report.bytes_read > 0 ? 1 : 0;  // the aggregators' one reading helper
     run.report.read_s = now_s() - run.t0 - run.report.plan_s;
     return comm::agree(local, run.world()).with_context(run.where);
   }
@@ -860,7 +862,8 @@ struct PerItemLoad {
         staged_bytes += align_up(plan[k].bytes);
       }
     }
-    threads = std::max(1, std::min<int>(run.copts.io_threads, static_cast<int>(reads.size())));
+    const int wanted = run.copts.io_threads > 0 ? run.copts.io_threads : storage::default_io_threads(run.data_file);
+    threads = std::max(1, std::min<int>(wanted, static_cast<int>(reads.size())));
     if (any_streamed) {  // two slots per reader thread, each at least kStagingAlign bytes
       threads = std::max(1, std::min<int>(threads, static_cast<int>(budget / (2 * kStagingAlign))));
       slot_bytes = budget / (2 * static_cast<uint64_t>(threads)) / kStagingAlign * kStagingAlign;
@@ -1026,6 +1029,7 @@ struct PerItemLoad {
     run.report.bytes_read = (run.reader ? run.reader->bytes_read() : 0) + extra_bytes.load();
     run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
     run.report.verify_threads = checks ? checks->threads() : 0;
+    run.report.io_threads = reads.empty() ? 0 : threads;
   }
 
   Status execute() {

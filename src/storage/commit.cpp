@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/statfs.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 
 #include "logging/log.h"
 #include "storage/format.h"
+#include "storage/fs_traits.h"
 #include "storage/posix_io.h"
 #include "storage/region_reader.h"
 
@@ -277,18 +277,6 @@ bool plausible_name(const std::string& name) {
 }
 
 }  // namespace
-
-// File systems whose clients cache names and attributes for a while without asking the server:
-// FUSE (GlusterFS, BeeGFS's and CephFS's FUSE clients: entry and attribute timeouts, 1 s by default)
-// and NFS (attribute cache). Lustre, GPFS and the kernel CephFS client keep their caches coherent
-// with locks, and local file systems have one cache.
-bool names_cached_per_client(const std::string& path) {
-  struct statfs sf {};
-  if (::statfs(path.c_str(), &sf) != 0) return false;
-  constexpr unsigned long kFuseMagic = 0x65735546, kNfsMagic = 0x6969, kSmbMagic = 0xFE534D42, kCifsMagic = 0xFF534D42;
-  const auto t = static_cast<unsigned long>(sf.f_type);
-  return t == kFuseMagic || t == kNfsMagic || t == kSmbMagic || t == kCifsMagic;
-}
 
 namespace {
 

@@ -75,16 +75,6 @@ struct CommittedCheckpoint {
 /// whose metadata does not parse are left out. Newest first: by step, then by name.
 std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& root);
 
-/// Whether the file system holding `path` lets each client cache names and attributes for a while
-/// without asking the server (FUSE: GlusterFS, BeeGFS's and CephFS's FUSE clients; NFS; SMB). There
-/// a client may, for up to its timeout (1 s by default on GlusterFS), still see a name's previous
-/// file or a file's previous size after another client changed it.
-bool names_cached_per_client(const std::string& path);
-/// How long a reader on such a file system waits for its client's caches to catch up with what
-/// another client committed, and how often it looks again: beyond GlusterFS's default timeouts.
-constexpr int kClientCacheWaitMs = 3000;
-constexpr int kClientCacheStepMs = 50;
-
 /// What `<root>/latest` names when it is a regular file holding a plausible checkpoint name;
 /// otherwise empty, with `*problem` saying what is wrong (never follows a symbolic link).
 std::string read_latest_name(const std::string& root, std::string* problem = nullptr);

@@ -11,7 +11,7 @@
 
 #include <xxhash.h>
 
-#include "storage/commit.h"
+#include "storage/fs_traits.h"
 #include "storage/posix_io.h"
 #include "storage/verify_blocks.h"
 #include "util/checked_math.h"

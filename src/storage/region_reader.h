@@ -24,7 +24,7 @@ class RegionReader {
 
   uint64_t file_size() const { return size_; }
   /// Whether the file holds at least `bytes` bytes. Where clients cache attributes
-  /// (names_cached_per_client: GlusterFS, NFS), a node whose ranks wrote their pieces of a data
+  /// (storage/fs_traits.h: GlusterFS, NFS), a node whose ranks wrote their pieces of a data
   /// file may, for up to the attribute timeout, still see the size it had before the coordinator
   /// appended the index tables; there a short size is asked again every kClientCacheStepMs until it
   /// is large enough or kClientCacheWaitMs passed, and file_size() follows. Elsewhere: no wait.

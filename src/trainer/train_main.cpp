@@ -128,8 +128,9 @@ uint64_t sum_over_ranks(uint64_t v) {
   return s;
 }
 
+// `io_threads`: a load's most reader threads on any rank (LoadReport::io_threads); -1: not a load.
 void append_report(const Options& o, const std::string& op, int64_t step, double seconds, uint64_t bytes,
-                   const std::string& path) {
+                   const std::string& path, int io_threads = -1) {
   if (g_rank != 0 || o.report.empty()) return;
   std::FILE* f = std::fopen(o.report.c_str(), "a");
   if (!f) return;
@@ -138,8 +139,9 @@ void append_report(const Options& o, const std::string& op, int64_t step, double
   std::fprintf(f,
                "{\"op\":\"%s\",\"step\":%" PRId64
                ",\"layout\":\"%s\",\"world\":%d,\"seconds\":%.6f,"
-               "\"bytes\":%" PRIu64 ",\"path\":\"%s\"}\n",
-               op.c_str(), step, o.cfg.layout_tag().c_str(), world, seconds, bytes, path.c_str());
+               "\"bytes\":%" PRIu64 ",\"path\":\"%s\"%s}\n",
+               op.c_str(), step, o.cfg.layout_tag().c_str(), world, seconds, bytes, path.c_str(),
+               io_threads < 0 ? "" : (",\"io_threads\":" + std::to_string(io_threads)).c_str());
   std::fclose(f);
 }
 
@@ -238,7 +240,9 @@ int train(Options& o, int world) {
            (info->saved_sizes.ep != 1 ? ".ep" + std::to_string(info->saved_sizes.ep) : std::string()))
               .c_str(),
           o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
-      append_report(o, "load", w.global_step(), secs, bytes, rep->path);
+      int io_threads = 0;
+      MPI_Allreduce(&rep->io_threads, &io_threads, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      append_report(o, "load", w.global_step(), secs, bytes, rep->path, io_threads);
     } else if (!fresh_over_damage) {
       say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
     }

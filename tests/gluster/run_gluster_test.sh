@@ -162,6 +162,10 @@ case $CASE in
     [[ $got == 21 ]] || fail "right after step 21 committed, node-2's client selected step $got"
     say "step 21 committed: node-2 (one of its writers) selects it, in $((($(date +%s%N) - t0) / 1000000)) ms"
     wait "$SAVER" || { cat "$WORK/saver2.log"; fail "the job saving step 21 failed"; }
+    # Its resume from step 20 read from the volume with two threads per rank (io_threads 0: a
+    # network file system).
+    grep '"op":"load"' "$REPORT2" | grep -q '"io_threads":2' ||
+      fail "the resume on the volume did not read with 2 threads per rank: $(grep '"op":"load"' "$REPORT2")"
     # Sharper, and independent of "newest": another client points `latest` at older checkpoints too
     # (tmp + rename, as update_latest does); 0.2 s later node-3 must select exactly what it names.
     WRITER=$VOL/clients/node-1/lt/c
