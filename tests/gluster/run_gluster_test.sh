@@ -115,14 +115,19 @@ case $CASE in
     # FUSE listing (READDIRPLUS) would refresh the cached names and hide the problem).
     (while :; do cat "$READER/latest" >/dev/null 2>&1; stat "$READER/latest" >/dev/null 2>&1; sleep 0.05; done) &
     BG+=($!)
-    REPORT=$WORK/report.jsonl
-    : >"$REPORT"
-    # shellcheck disable=SC2046
-    # Synchronous saves: the report line of a step is appended as soon as its save has committed.
-    H5CKPT_ASYNC=0 cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 20 --save-every 1 --ckpt-dir "$C" \
-      --report "$REPORT" --quiet >"$WORK/saver.log" 2>&1 &
-    SAVER=$!
-    BG+=("$SAVER")
+    # save_every_step STEPS NAME: a background job on node-1..2 saving every step up to STEPS into
+    # $C, synchronously (the report line of a step, $WORK/NAME.jsonl, is appended as soon as its
+    # save has committed); its pid in SAVER, its output in $WORK/NAME.log.
+    save_every_step() {
+      : >"$WORK/$2.jsonl"
+      # shellcheck disable=SC2046
+      H5CKPT_ASYNC=0 cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps "$1" --save-every 1 --ckpt-dir "$C" \
+        --report "$WORK/$2.jsonl" --quiet >"$WORK/$2.log" 2>&1 &
+      SAVER=$!
+      BG+=("$SAVER")
+    }
+    REPORT=$WORK/saver.jsonl
+    save_every_step 20 saver
     seen=0 checked=0
     # The trainer appends a report line after each save has committed; check each one at once.
     while :; do
@@ -145,13 +150,8 @@ case $CASE in
     # A node whose rank wrote part of a checkpoint loads it the moment it commits: its client cached
     # the data file's size before the coordinator on node-1 appended the index tables, and keeps it
     # for up to a second (the CI failure of stop 37: "table 'tensors' lies outside the data file").
-    REPORT2=$WORK/report2.jsonl
-    : >"$REPORT2"
-    # shellcheck disable=SC2046
-    H5CKPT_ASYNC=0 cluster 2 1 -- "$TRAIN" --tp 2 $(train_args) --steps 21 --save-every 1 --ckpt-dir "$C" \
-      --report "$REPORT2" --quiet >"$WORK/saver2.log" 2>&1 &
-    SAVER=$!
-    BG+=("$SAVER")
+    REPORT2=$WORK/saver2.jsonl
+    save_every_step 21 saver2
     until grep -q '"op":"save"' "$REPORT2"; do
       kill -0 "$SAVER" 2>/dev/null || { cat "$WORK/saver2.log"; fail "the job saving step 21 ended without a save"; }
       sleep 0.01
