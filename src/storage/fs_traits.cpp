@@ -30,8 +30,8 @@ bool network_file_system(const std::string& path) {
          t == kGpfsMagic || t == kBeegfsMagic || t == kCephMagic;
 }
 
-// Measured on GlusterFS (4 ranks, 2 bricks, this project's 2-core VM): a cold load took 1.25-1.29x
-// the raw read floor with one reader per rank and 1.14-1.24x with 2, 3 or 4.
+// Measured on GlusterFS (4 ranks, 2 bricks, this project's 2-core VM): a cold load took 1.15-1.29x
+// the raw read floor with one reader per rank and 1.09-1.24x with two (docs/performance.md).
 int default_io_threads(const std::string& path) { return network_file_system(path) ? 2 : 1; }
 
 }  // namespace h5ckpt::storage
