@@ -6,9 +6,9 @@ namespace h5ckpt::storage {
 
 namespace {
 
-constexpr unsigned long kFuseMagic = 0x65735546, kNfsMagic = 0x6969, kSmbMagic = 0xFE534D42,
-                        kCifsMagic = 0xFF534D42, kLustreMagic = 0x0BD00BD0, kGpfsMagic = 0x47504653,
-                        kBeegfsMagic = 0x19830326, kCephMagic = 0x00C36400;
+constexpr unsigned long kFuseMagic = 0x65735546, kNfsMagic = 0x6969, kSmbMagic = 0xFE534D42, kCifsMagic = 0xFF534D42,
+                        kLustreMagic = 0x0BD00BD0, kGpfsMagic = 0x47504653, kBeegfsMagic = 0x19830326,
+                        kCephMagic = 0x00C36400;
 
 unsigned long fs_type(const std::string& path) {
   struct statfs sf {};
