@@ -15,19 +15,19 @@ unsigned long fs_type(const std::string& path) {
   return ::statfs(path.c_str(), &sf) == 0 ? static_cast<unsigned long>(sf.f_type) : 0;
 }
 
-}  // namespace
-
 // Lustre, GPFS and the kernel CephFS client keep their caches coherent with locks, and local
 // file systems have one cache.
-bool names_cached_per_client(const std::string& path) {
-  const unsigned long t = fs_type(path);
+bool caches_per_client(unsigned long t) {
   return t == kFuseMagic || t == kNfsMagic || t == kSmbMagic || t == kCifsMagic;
 }
 
+}  // namespace
+
+bool names_cached_per_client(const std::string& path) { return caches_per_client(fs_type(path)); }
+
 bool network_file_system(const std::string& path) {
   const unsigned long t = fs_type(path);
-  return t == kFuseMagic || t == kNfsMagic || t == kSmbMagic || t == kCifsMagic || t == kLustreMagic ||
-         t == kGpfsMagic || t == kBeegfsMagic || t == kCephMagic;
+  return caches_per_client(t) || t == kLustreMagic || t == kGpfsMagic || t == kBeegfsMagic || t == kCephMagic;
 }
 
 // Measured on GlusterFS (4 ranks, 2 bricks, this project's 2-core VM): a cold load took 1.15-1.29x

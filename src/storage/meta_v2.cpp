@@ -675,8 +675,7 @@ Result<std::vector<char>> read_image(const Summary& summary, RegionReader& data)
     // The tables are the file's last bytes: a client that cached its size before they were
     // written is given time to see them (RegionReader::holds).
     const uint64_t end = static_cast<uint64_t>(ref.offset) + ref.bytes;
-    if (ref.offset < 0 || end < ref.bytes || !data.holds(end) ||
-        !fits(static_cast<uint64_t>(ref.offset), ref.bytes, data.file_size()))
+    if (ref.offset < 0 || end < ref.bytes || !data.holds(end))
       return corrupt(quoted_table(static_cast<Table>(i)) + " [" + std::to_string(ref.offset) + ", +" +
                      std::to_string(ref.bytes) + ") lies outside the data file of " + std::to_string(data.file_size()) +
                      " bytes (truncated file?)");

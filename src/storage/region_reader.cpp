@@ -82,13 +82,12 @@ Result<RegionReader> RegionReader::open(const std::string& data_file) {
                            static_cast<int64_t>(st.st_mtim.tv_nsec), static_cast<int64_t>(st.st_ctim.tv_sec),
                            static_cast<int64_t>(st.st_ctim.tv_nsec)};
   r.identity_ = XXH3_64bits(stamp, sizeof stamp);
-  r.sizes_cached_ = names_cached_per_client(data_file);
   return r;
 }
 
 bool RegionReader::holds(uint64_t bytes) {
-  for (int waited_ms = 0; size_ < bytes && sizes_cached_ && waited_ms < kClientCacheWaitMs;
-       waited_ms += kClientCacheStepMs) {
+  if (size_ >= bytes || !names_cached_per_client(path_)) return size_ >= bytes;
+  for (int waited_ms = 0; size_ < bytes && waited_ms < kClientCacheWaitMs; waited_ms += kClientCacheStepMs) {
     ::usleep(kClientCacheStepMs * 1000);
     struct stat st {};
     if (io::fstat(fd_, &st) != 0) break;
@@ -100,7 +99,6 @@ bool RegionReader::holds(uint64_t bytes) {
 RegionReader::RegionReader(RegionReader&& o) noexcept
     : fd_(o.fd_),
       verify_(o.verify_),
-      sizes_cached_(o.sizes_cached_),
       widened_bytes_(o.widened_bytes_),
       verify_buf_(std::move(o.verify_buf_)),
       sink_(std::move(o.sink_)),

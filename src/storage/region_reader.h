@@ -91,7 +91,6 @@ class RegionReader {
   Status read_checked(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
   int fd_ = -1;
   bool verify_ = true;
-  bool sizes_cached_ = false;  // names_cached_per_client: a short size may be out of date
   uint64_t widened_bytes_ = 0;
   std::vector<char> verify_buf_;
   CheckSink sink_;
