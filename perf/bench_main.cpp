@@ -337,6 +337,11 @@ int main(int argc, char** argv) {
     node_id = leader;
   }
   const std::string stream_file = dir + "/raw-node" + std::to_string(node_id) + ".bin";
+  // One file for the whole job, each rank writing its bytes into its own block-aligned range at
+  // once: the I/O pattern of a one-file checkpoint without anything else of a save. On a file
+  // system that keeps each file on one server (GlusterFS distribute, Lustre stripe count 1) it
+  // is slower than the per-rank files, which spread over the servers.
+  const std::string shared_file = dir + "/raw-shared.bin";
 
   // Warm-up (untimed): plans the save, allocates and touches the staging pool, and tells each
   // rank how many unique bytes it writes, which the raw floors then write too.
@@ -349,7 +354,12 @@ int main(int argc, char** argv) {
   // Page-aligned (the O_DIRECT floor writes straight from it).
   std::vector<char, AlignedAllocator<char>> raw(my_bytes ? my_bytes : 1, 1), copy(my_bytes ? my_bytes : 1, 0);
   std::vector<char> scratch;  // the untimed page-cache warm-up reads and the checkpoint read floor
-  uint64_t node_offset = 0;
+  uint64_t node_offset = 0, shared_offset = 0;
+  {
+    uint64_t padded = (my_bytes + 4095) / 4096 * 4096;
+    MPI_Exscan(&padded, &shared_offset, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0) shared_offset = 0;
+  }
   {
     uint64_t mine = my_bytes;
     MPI_Exscan(&mine, &node_offset, 1, MPI_UINT64_T, MPI_SUM, node);
@@ -388,6 +398,29 @@ int main(int argc, char** argv) {
       ::close(fd);
       fd = ::open(raw_file.c_str(), O_WRONLY);
       ::pwrite(fd, raw.data() + aligned, my_bytes - aligned, static_cast<off_t>(aligned));
+      ::fsync(fd);
+      ::close(fd);
+    }));
+    if (g_rank == 0) {  // created outside the timing, as a save's file is created before its writes
+      const int fd = ::open(shared_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) die("cannot create " + shared_file);
+      ::close(fd);
+    }
+    if (!no_prewarm) prewarm(raw);
+    t["raw_write_shared_s"].push_back(timed([&] {
+      int fd = ::open(shared_file.c_str(), O_WRONLY | O_DIRECT);
+      if (fd < 0) die("cannot open " + shared_file + " with O_DIRECT");
+      const size_t aligned = my_bytes / 4096 * 4096;
+      for (size_t done = 0; done < aligned;) {
+        const ssize_t w = ::pwrite(fd, raw.data() + done, std::min<size_t>(aligned - done, 8u << 20),
+                                   static_cast<off_t>(shared_offset + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) die(std::string("pwrite: ") + std::strerror(errno));
+        done += static_cast<size_t>(w);
+      }
+      ::close(fd);
+      fd = ::open(shared_file.c_str(), O_WRONLY);
+      ::pwrite(fd, raw.data() + aligned, my_bytes - aligned, static_cast<off_t>(shared_offset + aligned));
       ::fsync(fd);
       ::close(fd);
     }));
@@ -630,6 +663,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> order = {"raw_write_rank_s",
                                             "raw_write_direct_s",
                                             "raw_write_stream_s",
+                                            "raw_write_shared_s",
                                             "memcpy_s",
                                             "memcpy_parallel_s",
                                             "sync_save_s",
@@ -691,6 +725,8 @@ int main(int argc, char** argv) {
       s[phase + "_rss_growth_mib"] = v.second;
     }
     s["sync_save_over_raw_write"] = m("sync_save_s") / raw_write;
+    // Against the same bytes written to one shared file: what is left is the save's own cost.
+    s["sync_save_over_raw_write_shared"] = m("sync_save_s") / m("raw_write_shared_s");
     s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
     s["async_block_over_memcpy_parallel"] = m("async_block_s") / m("memcpy_parallel_s");
     s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");

@@ -3,19 +3,22 @@
 # brick per simulated storage server, and one FUSE client (its own glusterfs process, its own
 # caches) per simulated node.
 #
-#   scripts/gluster.sh start --dir DIR [--bricks B] [--clients N] [--brick-size SIZE]
+#   scripts/gluster.sh start --dir DIR [--bricks B] [--clients N] [--brick-size SIZE] [--shard]
 #   scripts/gluster.sh stop --dir DIR
 #   scripts/gluster.sh status --dir DIR
 #   scripts/gluster.sh kill-brick --dir DIR I        # kill -9 brick I (1..B): a dead storage server
 #   scripts/gluster.sh restart-brick --dir DIR       # bring dead bricks back; waits until every client is reconnected
-#   scripts/gluster.sh run --dir DIR [--bricks B] [--clients N] [--brick-size SIZE] -- COMMAND ARGS...
+#   scripts/gluster.sh run --dir DIR [--bricks B] [--clients N] [--brick-size SIZE] [--shard] -- COMMAND ARGS...
 #
 # start: bricks are DIR/bricks/b1..bB (B = 2 by default), the volume is distributed over them and
 # named after DIR; DIR/mnt is a client for the caller, DIR/clients/node-1..node-N (N = 4 by default)
 # one client each for the nodes of scripts/cluster.sh (--shared-volume DIR bind-mounts node i's
 # client at the shared path inside node i). Mount options stay at GlusterFS's defaults (1 s entry and
 # attribute caches), which is what a shared-storage test must survive. --brick-size gives each brick
-# a file system of its own of that size (a tmpfs, `mount -o size=SIZE`): storage servers that fill. Waits until every client
+# a file system of its own of that size (a tmpfs, `mount -o size=SIZE`): storage servers that fill.
+# --shard turns on GlusterFS's sharding (features.shard, 64 MB pieces placed over the bricks), so
+# that one large file, such as a checkpoint's data file, is spread over every brick instead of
+# living on one (as Lustre's striping does). Waits until every client
 # answers. glusterd is shared by every volume on the machine: started if none runs, and stopped by
 # the last stop of a volume whose start started it. Volumes left behind by a caller that died are
 # cleaned up by the next start.
@@ -40,13 +43,14 @@ gcli() { gluster --mode=script "$@"; }
 
 CMD=${1:-}
 (($#)) && shift
-DIR="" BRICKS=2 CLIENTS=4 BRICK_NO="" BRICK_SIZE=""
+DIR="" BRICKS=2 CLIENTS=4 BRICK_NO="" BRICK_SIZE="" SHARD=0
 while (($#)); do
   case $1 in
     --dir) DIR=${2:?--dir needs a path}; shift 2 ;;
     --bricks) BRICKS=${2:?--bricks needs a count}; shift 2 ;;
     --clients) CLIENTS=${2:?--clients needs a count}; shift 2 ;;
     --brick-size) BRICK_SIZE=${2:?--brick-size needs a size}; shift 2 ;;
+    --shard) SHARD=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
     [0-9]*) BRICK_NO=$1; shift ;;
@@ -244,10 +248,13 @@ do_start() {
   done
   # force: the bricks sit on the root file system (a real cluster gives each its own disk).
   gcli volume create "$vol" "${bricks[@]}" force >/dev/null || die "gluster volume create $vol failed"
+  if ((SHARD)); then
+    gcli volume set "$vol" features.shard on >/dev/null || die "gluster volume set $vol features.shard on failed"
+  fi
   gcli volume start "$vol" >/dev/null || die "gluster volume start $vol failed"
   mount_client "$DIR/mnt" "$vol"
   for ((i = 1; i <= CLIENTS; i++)); do mount_client "$DIR/clients/node-$i" "$vol"; done
-  say "volume $vol: $BRICKS bricks under $DIR/bricks, client at $DIR/mnt, $CLIENTS node clients under $DIR/clients"
+  say "volume $vol: $BRICKS bricks under $DIR/bricks, client at $DIR/mnt, $CLIENTS node clients under $DIR/clients$( ((SHARD)) && echo ", sharded")"
 }
 
 do_stop() {

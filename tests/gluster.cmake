@@ -3,7 +3,7 @@
 # cluster. One CTest entry per case of tests/gluster/run_gluster_test.sh (see its header and
 # docs/testing.md); each starts and stops its own volume. Exit 77 = skipped: not root, no
 # /dev/fuse, GlusterFS not installed or no namespaces (scripts/setup.sh installs GlusterFS).
-foreach(_case IN ITEMS resume multilevel latest lock brick odirect fullbrick)
+foreach(_case IN ITEMS resume sharded multilevel latest lock brick odirect fullbrick)
   add_test(NAME gluster_${_case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gluster/run_gluster_test.sh ${PROJECT_SOURCE_DIR} $<TARGET_FILE:h5ckpt-train> $<TARGET_FILE:h5ckpt-cli>
             ${_case})

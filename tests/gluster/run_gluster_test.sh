@@ -4,6 +4,8 @@
 # cluster (scripts/cluster.sh --shared). One case per call:
 #   resume     save on 4 nodes (TP2 DP2 ZeRO), resume on 2 other nodes (TP1 DP2), bit-identical to an
 #              uninterrupted TP2 run, every sample once (scripts/e2e_resume.sh)
+#   sharded    the same on a sharded volume (gluster.sh --shard, 4 MB pieces) with a model of 28 MB,
+#              whose data files are spread over both bricks: the tuning the user guide recommends
 #   multilevel the same with the node-local level on: saves on the nodes' private disks, every 3rd
 #              step persisted to the volume; the resuming nodes have empty disks and load from it
 #   latest     a job saves every step on node-1..2 while node-3's client reads `latest` in a loop;
@@ -62,6 +64,7 @@ trap cleanup EXIT
 rc=0
 START_ARGS=(--bricks 2 --clients 4)
 [[ $CASE == fullbrick ]] && START_ARGS+=(--brick-size 24m)
+[[ $CASE == sharded ]] && START_ARGS+=(--shard)
 GLUSTER_OWNER=$$ "$SRC/scripts/gluster.sh" start --dir "$VOL" "${START_ARGS[@]}" || rc=$?
 ((rc == 125)) && skip "this machine cannot host a GlusterFS volume (see above)"
 ((rc == 0)) || fail "scripts/gluster.sh start exited $rc"
@@ -88,6 +91,22 @@ case $CASE in
       fail "save on 4 nodes / resume on 2 other nodes"
     # The data really is on the volume: its bricks hold the files.
     ls "$VOL"/bricks/b*/e2e/chain/step-00000012/data.h5 >/dev/null 2>&1 || fail "no data file of step 12 on any brick"
+    ;;
+
+  sharded)
+    vol_name=$(sed -n 's/^VOL=//p' "$VOL/state")
+    gluster --mode=script volume set "$vol_name" features.shard-block-size 4MB >/dev/null ||
+      fail "could not set the volume's shard size"
+    E2E_CLUSTER_ARGS="--shared $SH --shared-volume $VOL" E2E_TIMEOUT=200 H5DIFF=none \
+      bash "$SRC/scripts/e2e_resume.sh" "$TRAIN" mpirun "$SH/e2e" tp2.pp1.dp2.zero@4x1 tp1.pp1.dp2@2x1+3 tp2.pp1.dp1@2x1 \
+      --hidden 256 --ffn 512 || fail "save on 4 nodes / resume on 2 other nodes, sharded volume"
+    # The data files really are spread: each brick holds pieces of them.
+    for b in "$VOL"/bricks/b*; do
+      n=0
+      [[ -d $b/.shard ]] && n=$(find "$b/.shard" -type f | wc -l)
+      ((n > 0)) || fail "brick $(basename "$b") holds no shard: the files were not spread"
+      say "$(basename "$b"): $n shards"
+    done
     ;;
 
   multilevel)
