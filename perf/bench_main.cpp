@@ -338,9 +338,9 @@ int main(int argc, char** argv) {
   }
   const std::string stream_file = dir + "/raw-node" + std::to_string(node_id) + ".bin";
   // One file for the whole job, each rank writing its bytes into its own block-aligned range at
-  // once: the I/O pattern of a one-file checkpoint without anything else of a save. On a file
-  // system that keeps each file on one server (GlusterFS distribute, Lustre stripe count 1) it
-  // is slower than the per-rank files, which spread over the servers.
+  // once: the I/O pattern of a one-file checkpoint without anything else of a save. Where a file
+  // lives on one server (GlusterFS distribute, Lustre stripe count 1) and the per-rank files
+  // spread over several, the two floors differ by the servers' count.
   const std::string shared_file = dir + "/raw-shared.bin";
 
   // Warm-up (untimed): plans the save, allocates and touches the staging pool, and tells each
@@ -401,10 +401,15 @@ int main(int argc, char** argv) {
       ::fsync(fd);
       ::close(fd);
     }));
-    if (g_rank == 0) {  // created outside the timing, as a save's file is created before its writes
-      const int fd = ::open(shared_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd < 0) die("cannot create " + shared_file);
-      ::close(fd);
+    {  // created and allocated outside the timing (a save allocates its file before the writes)
+      uint64_t end = shared_offset + my_bytes, total = 0;
+      MPI_Allreduce(&end, &total, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+      if (g_rank == 0) {
+        const int fd = ::open(shared_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) die("cannot create " + shared_file);
+        (void)::posix_fallocate(fd, 0, static_cast<off_t>(total));  // where the file system has it
+        ::close(fd);
+      }
     }
     if (!no_prewarm) prewarm(raw);
     t["raw_write_shared_s"].push_back(timed([&] {
