@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -46,6 +47,25 @@ void write_all(int fd, const char* p, size_t n) {
     p += w;
     n -= static_cast<size_t>(w);
   }
+}
+
+// Writes p[0, n) at offset `at` of `path`, opened with `flags`: the block-aligned part with
+// O_DIRECT in requests of at most `request` bytes, the tail (< 4 KiB) buffered, then fsync.
+void write_direct(const std::string& path, int flags, const char* p, size_t n, uint64_t at, size_t request) {
+  int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
+  if (fd < 0) die("cannot open " + path + " with O_DIRECT");
+  const size_t aligned = n / 4096 * 4096;
+  for (size_t done = 0; done < aligned;) {
+    const ssize_t w = ::pwrite(fd, p + done, std::min(aligned - done, request), static_cast<off_t>(at + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) die(std::string("pwrite: ") + std::strerror(errno));
+    done += static_cast<size_t>(w);
+  }
+  ::close(fd);
+  fd = ::open(path.c_str(), O_WRONLY);
+  ::pwrite(fd, p + aligned, n - aligned, static_cast<off_t>(at + aligned));
+  ::fsync(fd);
+  ::close(fd);
 }
 
 // Reads bytes [begin, end) of a file into buf (grown as needed) with one pread per call.
@@ -354,11 +374,12 @@ int main(int argc, char** argv) {
   // Page-aligned (the O_DIRECT floor writes straight from it).
   std::vector<char, AlignedAllocator<char>> raw(my_bytes ? my_bytes : 1, 1), copy(my_bytes ? my_bytes : 1, 0);
   std::vector<char> scratch;  // the untimed page-cache warm-up reads and the checkpoint read floor
-  uint64_t node_offset = 0, shared_offset = 0;
+  uint64_t node_offset = 0, shared_offset = 0, shared_bytes = 0;  // the one-file floor's range, its file
   {
     uint64_t padded = (my_bytes + 4095) / 4096 * 4096;
     MPI_Exscan(&padded, &shared_offset, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0) shared_offset = 0;
+    MPI_Allreduce(&padded, &shared_bytes, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   }
   {
     uint64_t mine = my_bytes;
@@ -391,43 +412,17 @@ int main(int argc, char** argv) {
     // h5ckpt writes long runs this way by default).
     if (!no_prewarm) prewarm(raw);
     t["raw_write_direct_s"].push_back(timed([&] {
-      int fd = ::open(raw_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
-      if (fd < 0) die("cannot create " + raw_file + " with O_DIRECT");
-      const size_t aligned = my_bytes / 4096 * 4096;  // the tail (< 4 KiB) is written buffered
-      write_all(fd, raw.data(), aligned);
-      ::close(fd);
-      fd = ::open(raw_file.c_str(), O_WRONLY);
-      ::pwrite(fd, raw.data() + aligned, my_bytes - aligned, static_cast<off_t>(aligned));
-      ::fsync(fd);
-      ::close(fd);
+      write_direct(raw_file, O_WRONLY | O_CREAT | O_TRUNC, raw.data(), my_bytes, 0, SIZE_MAX);
     }));
-    {  // created and allocated outside the timing (a save allocates its file before the writes)
-      uint64_t end = shared_offset + my_bytes, total = 0;
-      MPI_Allreduce(&end, &total, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-      if (g_rank == 0) {
-        const int fd = ::open(shared_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) die("cannot create " + shared_file);
-        (void)::posix_fallocate(fd, 0, static_cast<off_t>(total));  // where the file system has it
-        ::close(fd);
-      }
+    if (g_rank == 0) {  // created and allocated outside the timing, as a save's file is
+      const int fd = ::open(shared_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) die("cannot create " + shared_file);
+      (void)::posix_fallocate(fd, 0, static_cast<off_t>(shared_bytes));  // where the file system has it
+      ::close(fd);
     }
     if (!no_prewarm) prewarm(raw);
     t["raw_write_shared_s"].push_back(timed([&] {
-      int fd = ::open(shared_file.c_str(), O_WRONLY | O_DIRECT);
-      if (fd < 0) die("cannot open " + shared_file + " with O_DIRECT");
-      const size_t aligned = my_bytes / 4096 * 4096;
-      for (size_t done = 0; done < aligned;) {
-        const ssize_t w = ::pwrite(fd, raw.data() + done, std::min<size_t>(aligned - done, 8u << 20),
-                                   static_cast<off_t>(shared_offset + done));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) die(std::string("pwrite: ") + std::strerror(errno));
-        done += static_cast<size_t>(w);
-      }
-      ::close(fd);
-      fd = ::open(shared_file.c_str(), O_WRONLY);
-      ::pwrite(fd, raw.data() + aligned, my_bytes - aligned, static_cast<off_t>(shared_offset + aligned));
-      ::fsync(fd);
-      ::close(fd);
+      write_direct(shared_file, O_WRONLY, raw.data(), my_bytes, shared_offset, 8u << 20);
     }));
     if (!no_prewarm) prewarm(raw);
     t["raw_write_stream_s"].push_back(timed([&] {
