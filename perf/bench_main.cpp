@@ -411,9 +411,8 @@ int main(int argc, char** argv) {
     // The same bytes with O_DIRECT from block-aligned memory (the better way on some storage;
     // h5ckpt writes long runs this way by default).
     if (!no_prewarm) prewarm(raw);
-    t["raw_write_direct_s"].push_back(timed([&] {
-      write_direct(raw_file, O_WRONLY | O_CREAT | O_TRUNC, raw.data(), my_bytes, 0, SIZE_MAX);
-    }));
+    t["raw_write_direct_s"].push_back(
+        timed([&] { write_direct(raw_file, O_WRONLY | O_CREAT | O_TRUNC, raw.data(), my_bytes, 0, SIZE_MAX); }));
     if (g_rank == 0) {  // created and allocated outside the timing, as a save's file is
       const int fd = ::open(shared_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd < 0) die("cannot create " + shared_file);
@@ -421,9 +420,8 @@ int main(int argc, char** argv) {
       ::close(fd);
     }
     if (!no_prewarm) prewarm(raw);
-    t["raw_write_shared_s"].push_back(timed([&] {
-      write_direct(shared_file, O_WRONLY, raw.data(), my_bytes, shared_offset, 8u << 20);
-    }));
+    t["raw_write_shared_s"].push_back(
+        timed([&] { write_direct(shared_file, O_WRONLY, raw.data(), my_bytes, shared_offset, 8u << 20); }));
     if (!no_prewarm) prewarm(raw);
     t["raw_write_stream_s"].push_back(timed([&] {
       // Token passing in node-rank order keeps the file a single sequential stream.
