@@ -43,6 +43,15 @@ if(TARGET h5ckpt-train)
       ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${_h5diff};OMPI_MCA_rmaps_base_oversubscribe=1")
   endforeach()
 
+  # A crash between the commit of step 6 and the `latest` update (the window a kill hit on
+  # GlusterFS in CI): the resume starts from step 3 and re-saves step 6 over the committed copy.
+  add_test(NAME trainer_e2e_crash_before_latest
+    COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/e2e_resume.sh $<TARGET_FILE:h5ckpt-train> ${MPIEXEC_EXECUTABLE}
+            ${CMAKE_CURRENT_BINARY_DIR}/e2e/crash_before_latest tp2.pp1.dp2.zero tp1.pp1.dp2 tp2.pp1.dp1)
+  set_tests_properties(trainer_e2e_crash_before_latest PROPERTIES
+    PROCESSORS 4 TIMEOUT 300 LABELS "mpi;e2e;trainer"
+    ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${H5CKPT_H5DIFF};E2E_CRASH_AT=latest@2;OMPI_MCA_rmaps_base_oversubscribe=1")
+
   # The trained numbers against the issue's formulas, recomputed independently in Python.
   find_program(H5CKPT_H5DUMP h5dump)
   find_package(Python3 COMPONENTS Interpreter)

@@ -9,10 +9,11 @@
 #     and no rank process is left behind;
 #   - `h5ckpt verify DIR` exits 0 (the checkpoint a load selects is complete), every other
 #     committed checkpoint verifies too, and no step-* directory lacks its metadata.json;
-#   - the selected step never goes backwards, equals what `latest` names and the newest committed
-#     step (a committed checkpoint newer than `latest` would make the next run re-save that step and
-#     fail with "already exists"), and the trainer resumed from the previous one (never "starting
-#     from step 0" while a checkpoint exists);
+#   - the selected step never goes backwards and equals what `latest` names, and the trainer resumed
+#     from the previous one (never "starting from step 0" while a checkpoint exists). A committed
+#     step newer than `latest` is the one window a kill may leave (between the commit's rename and
+#     the pointer update): it must verify, be the only one, and the next run must re-save that step
+#     over it (no "already exists"); after the final uninterrupted run none may remain;
 #   - temporary directories (.NAME.inprogress-*) may exist right after a crash, but those left
 #     before an iteration that then committed two saves must be gone (every commit removes them);
 #   - at most --keep-last + 2 committed checkpoints remain (retention keeps up, even across crashes);
@@ -207,7 +208,7 @@ fail() {
   echo "crash_campaign: evidence in $d" >&2
 }
 
-LEDGER_FIXES=0 LEDGER_LOST=0 MAX_TEMPS=0 MAX_COMMITTED=0 TEMPS_AFTER_KILL=0
+LEDGER_FIXES=0 LEDGER_LOST=0 MAX_TEMPS=0 MAX_COMMITTED=0 TEMPS_AFTER_KILL=0 AHEAD=0 AHEAD_N=0 STRICT_LATEST=0
 # check_chain: everything that must hold whenever no job runs. Sets NEWEST, COMMITTED, TEMPS.
 check_chain() {
   local out rc path latest d s newest_committed=-1 n=0 ok=1
@@ -233,8 +234,12 @@ check_chain() {
   done
   COMMITTED=$n
   ((n > MAX_COMMITTED)) && MAX_COMMITTED=$n
-  if ((newest_committed > NEWEST)); then
-    fail "step-$newest_committed is committed but the selected checkpoint is step $NEWEST ('latest' was not updated): the next run re-saves that step and fails with 'already exists'"
+  # A kill between the rename and the `latest` update leaves one committed step past the selected
+  # one; the trainer re-saves over it. Two such, or one after an uninterrupted run, is a bug.
+  AHEAD=0
+  for d in "$CHAIN"/step-*; do [[ -f $d/metadata.json ]] && (($(step_of "$d") > NEWEST)) && AHEAD=$((AHEAD + 1)); done
+  if ((AHEAD > 1 || (AHEAD == 1 && STRICT_LATEST))); then
+    fail "$AHEAD committed checkpoints past the selected step $NEWEST (newest step-$newest_committed; 'latest' was not updated)"
     ok=0
   fi
   ((n > KEEP_LAST + 2)) && { fail "$n committed checkpoints with --keep-last $KEEP_LAST: retention does not keep up"; ok=0; }
@@ -377,6 +382,10 @@ for ((ITER = 1; ITER <= N; ITER++)); do
     elif ! grep -q '^\[h5ckpt-train\] layout ' "$log"; then phase=startup/load
     else
       phase=train/plan/snapshot
+      # a step directory newer than what `latest` names: between the commit's rename and the update
+      lt=$(tr -d '\n' <"$CHAIN/latest" 2>/dev/null)
+      nd=$(ls -d "$CHAIN"/step-* 2>/dev/null | sort | tail -1)
+      [[ -n $nd && ${nd##*/} > $lt ]] && phase=latest
       for t in $(temps_of "$CHAIN"); do
         grep -qxF -- "$t" <<<"$pre_temps" && continue
         case $t in
@@ -427,7 +436,10 @@ for ((ITER = 1; ITER <= N; ITER++)); do
   if grep -q "no checkpoint in" "$log"; then fail "the run started from step 0 although step $PREV was committed"; fi
   r=$(sed -n 's/^\[h5ckpt-train\] resumed .* at step \([0-9]*\) (saved as.*/\1/p' "$log")
   [[ -n $r && $r != "$PREV" ]] && fail "the run resumed from step $r, the newest checkpoint was step $PREV"
+  grep -q "already exists" "$log" &&
+    fail "the run refused to re-save a step a killed run had committed past 'latest': $(grep -m1 "already exists" "$log")"
   if check_chain; then
+    AHEAD_N=$((AHEAD_N + AHEAD))
     ((NEWEST < PREV)) && fail "the newest checkpoint went back from step $PREV to $NEWEST"
     ((NEWEST > PREV)) && ADVANCED=$((ADVANCED + 1))
     # leftovers from before this iteration must be gone once two saves committed after them
@@ -459,7 +471,7 @@ ITER_DONE=$((ITER - 1))
 
 # ---- the end: one uninterrupted chain run, then the resume to the fixed final step -----------
 if [[ $FAILS -eq 0 || $KEEP_GOING == 1 ]]; then
-  ITER=final
+  ITER=final STRICT_LATEST=1
   tgt=$((PREV + 2))
   say "final uninterrupted chain run: step $PREV -> $tgt (its commits must remove every leftover)"
   if run_job "$LOGS/it-final.log" "$WORK/it-final" "$NP" "${CHAIN_ARGS[@]}" --steps "$tgt"; then
@@ -484,7 +496,7 @@ printf 'kills by phase:       '; for p in "${!PHASE_N[@]}"; do printf ' %s=%d' "
 printf 'kills by rank:        '; for p in $(printf '%s\n' "${!VICTIM_N[@]}" | sort -n); do printf ' rank%s=%d' "$p" "${VICTIM_N[$p]}"; done; echo " (rank 0 coordinates the commit)"
 echo "mpirun teardown:       at most $MAX_TEARDOWN ms after the kill; hangs: $HANGS"
 echo "newest step:           $STEP0 -> $NEWEST; advanced in $ADVANCED of $ITER_DONE iterations"
-echo "committed checkpoints: at most $MAX_COMMITTED at once (keep-last $KEEP_LAST)"
+echo "committed checkpoints: at most $MAX_COMMITTED at once (keep-last $KEEP_LAST); $AHEAD_N iterations ended with one past 'latest' (a kill between the rename and the pointer update; the next run re-saves it)"
 echo "temp dirs:             $TEMPS_AFTER_KILL left by crashes in all, at most $MAX_TEMPS at once, $(temps_of "$CHAIN" | grep -c .) at the end"
 echo "ledger:                $LEDGER_LOST committed steps without ledger rows (crash between commit and the trainer's append), $LEDGER_FIXES cut lines dropped"
 echo "metrics files:         $METRICS_FILES <step>.save.json in the chain directory (retention does not remove them)"

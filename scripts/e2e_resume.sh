@@ -17,7 +17,10 @@
 #      E2E_CLUSTER_ARGS: more scripts/cluster.sh options for the @ layouts (space separated, e.g.
 #      "--shared DIR/mnt --shared-volume DIR" for a GlusterFS volume of scripts/gluster.sh),
 #      E2E_NODES=split: run @NODESxRPN layouts under plain mpirun with H5CKPT_RANKS_PER_NODE=RPN
-#      (nodes cut out of this machine's one node: same leaders and tree, no namespaces or TCP)
+#      (nodes cut out of this machine's one node: same leaders and tree, no namespaces or TCP),
+#      E2E_CRASH_AT=latest@2: phase 1 dies between the commit of step SPLIT and the `latest` update
+#      (H5CKPT_TEST_CRASH_AT); phase 2 must resume from the save before (SPLIT - 3) and re-save
+#      step SPLIT over the committed copy
 # Exit 77 (skipped) when a layout asks for the simulated cluster and this machine cannot host it.
 set -euo pipefail
 
@@ -101,11 +104,25 @@ mkdir -p "$WORK"
 CHAIN=$WORK/chain REF=$WORK/ref
 
 echo "== phase 1: $LA to step $SPLIT"
-train "$LA" "$CHAIN" "$WORK/chain.ledger" "$SPLIT" 3
+RESUME_AT=$SPLIT
+if [[ -n ${E2E_CRASH_AT:-} ]]; then
+  out=$(H5CKPT_TEST_CRASH_AT=$E2E_CRASH_AT train "$LA" "$CHAIN" "$WORK/chain.ledger" "$SPLIT" 3 2>&1) &&
+    fail "phase 1 succeeded although H5CKPT_TEST_CRASH_AT=$E2E_CRASH_AT"
+  echo "$out" | tail -5
+  grep -q "H5CKPT_TEST_CRASH_AT=$E2E_CRASH_AT: exiting" <<<"$out" || fail "phase 1 did not die at $E2E_CRASH_AT"
+  RESUME_AT=$((SPLIT - 3))
+  crashed=$CHAIN/$(printf 'step-%08d' "$SPLIT")
+  [[ -f $crashed/metadata.json ]] || fail "$crashed was not committed before the crash"
+  [[ $(cat "$CHAIN/latest") == "$(printf 'step-%08d' "$RESUME_AT")" ]] ||
+    fail "'latest' names $(cat "$CHAIN/latest"), expected the save before the crash (step $RESUME_AT)"
+  echo "step $SPLIT committed, 'latest' still names step $RESUME_AT"
+else
+  train "$LA" "$CHAIN" "$WORK/chain.ledger" "$SPLIT" 3
+fi
 echo "== phase 2: $LB resumes to step $STEPS"
 out=$(train "$LB" "$CHAIN" "$WORK/chain.ledger" "$STEPS" 3)
 echo "$out"
-grep -q "resumed .* at step $SPLIT" <<<"$out" || fail "phase 2 did not resume from step $SPLIT"
+grep -q "resumed .* at step $RESUME_AT" <<<"$out" || fail "phase 2 did not resume from step $RESUME_AT"
 echo "== reference: $LR, uninterrupted to step $STEPS"
 train "$LR" "$REF" "$WORK/ref.ledger" "$STEPS" 0
 

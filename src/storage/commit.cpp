@@ -180,8 +180,18 @@ std::string host_name() {
 
 void test_crash_point(const char* point) {
   const char* at = std::getenv("H5CKPT_TEST_CRASH_AT");  // read on every call: tests set it late
-  if (at == nullptr || std::strcmp(at, point) != 0) return;
-  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_CRASH_AT=%s: exiting as a crash would\n", point);
+  if (at == nullptr) return;
+  // "POINT@N": the N-th time this process passes POINT (a job that must commit some saves first).
+  const char* tail = std::strchr(at, '@');
+  const size_t len = tail != nullptr ? static_cast<size_t>(tail - at) : std::strlen(at);
+  if (std::strlen(point) != len || std::strncmp(at, point, len) != 0) return;
+  if (tail != nullptr) {
+    static std::mutex mu;
+    static std::map<std::string, long> passes;
+    std::lock_guard<std::mutex> lock(mu);
+    if (++passes[point] != std::atol(tail + 1)) return;
+  }
+  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_CRASH_AT=%s: exiting as a crash would\n", at);
   std::fflush(stderr);
   ::_exit(1);
 }
