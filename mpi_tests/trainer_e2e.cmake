@@ -50,7 +50,7 @@ if(TARGET h5ckpt-train)
             ${CMAKE_CURRENT_BINARY_DIR}/e2e/crash_before_latest tp2.pp1.dp2.zero tp1.pp1.dp2 tp2.pp1.dp1)
   set_tests_properties(trainer_e2e_crash_before_latest PROPERTIES
     PROCESSORS 4 TIMEOUT 300 LABELS "mpi;e2e;trainer"
-    ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${H5CKPT_H5DIFF};E2E_CRASH_AT=latest@2;OMPI_MCA_rmaps_base_oversubscribe=1")
+    ENVIRONMENT "H5CKPT_MPIEXEC_PREFLAGS=${_e2e_preflags};H5DIFF=${H5CKPT_H5DIFF};E2E_CRASH_AT=latest::2;OMPI_MCA_rmaps_base_oversubscribe=1")
 
   # The trained numbers against the issue's formulas, recomputed independently in Python.
   find_program(H5CKPT_H5DUMP h5dump)

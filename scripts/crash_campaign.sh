@@ -212,6 +212,7 @@ LEDGER_FIXES=0 LEDGER_LOST=0 MAX_TEMPS=0 MAX_COMMITTED=0 TEMPS_AFTER_KILL=0 AHEA
 # check_chain: everything that must hold whenever no job runs. Sets NEWEST, COMMITTED, TEMPS.
 check_chain() {
   local out rc path latest d s newest_committed=-1 n=0 ok=1
+  AHEAD=0
   out=$("$TOOL" verify "$CHAIN" 2>&1)
   rc=$?
   if ((rc != 0)); then
@@ -228,6 +229,7 @@ check_chain() {
     n=$((n + 1))
     s=$(step_of "$d")
     ((s > newest_committed)) && newest_committed=$s
+    ((s > NEWEST)) && AHEAD=$((AHEAD + 1))
     if [[ $d != "$path" ]] && ! out=$("$TOOL" verify "$d" 2>&1); then
       fail "committed checkpoint $d does not verify: $(head -c 600 <<<"$out")"; ok=0
     fi
@@ -236,8 +238,6 @@ check_chain() {
   ((n > MAX_COMMITTED)) && MAX_COMMITTED=$n
   # A kill between the rename and the `latest` update leaves one committed step past the selected
   # one; the trainer re-saves over it. Two such, or one after an uninterrupted run, is a bug.
-  AHEAD=0
-  for d in "$CHAIN"/step-*; do [[ -f $d/metadata.json ]] && (($(step_of "$d") > NEWEST)) && AHEAD=$((AHEAD + 1)); done
   if ((AHEAD > 1 || (AHEAD == 1 && STRICT_LATEST))); then
     fail "$AHEAD committed checkpoints past the selected step $NEWEST (newest step-$newest_committed; 'latest' was not updated)"
     ok=0
@@ -385,7 +385,7 @@ for ((ITER = 1; ITER <= N; ITER++)); do
       # a step directory newer than what `latest` names: between the commit's rename and the update
       lt=$(tr -d '\n' <"$CHAIN/latest" 2>/dev/null)
       nd=$(ls -d "$CHAIN"/step-* 2>/dev/null | sort | tail -1)
-      [[ -n $nd && ${nd##*/} > $lt ]] && phase=latest
+      [[ -n $nd && -n $lt && ${nd##*/} > $lt ]] && phase=latest
       for t in $(temps_of "$CHAIN"); do
         grep -qxF -- "$t" <<<"$pre_temps" && continue
         case $t in

@@ -18,7 +18,7 @@
 #      "--shared DIR/mnt --shared-volume DIR" for a GlusterFS volume of scripts/gluster.sh),
 #      E2E_NODES=split: run @NODESxRPN layouts under plain mpirun with H5CKPT_RANKS_PER_NODE=RPN
 #      (nodes cut out of this machine's one node: same leaders and tree, no namespaces or TCP),
-#      E2E_CRASH_AT=latest@2: phase 1 dies between the commit of step SPLIT and the `latest` update
+#      E2E_CRASH_AT=latest::2: phase 1 dies between the commit of step SPLIT and the `latest` update
 #      (H5CKPT_TEST_CRASH_AT); phase 2 must resume from the save before (SPLIT - 3) and re-save
 #      step SPLIT over the committed copy
 # Exit 77 (skipped) when a layout asks for the simulated cluster and this machine cannot host it.

@@ -23,6 +23,7 @@
 #include "storage/fs_traits.h"
 #include "storage/posix_io.h"
 #include "storage/region_reader.h"
+#include "util/test_points.h"
 
 namespace h5ckpt::storage {
 
@@ -179,19 +180,10 @@ std::string host_name() {
 }  // namespace
 
 void test_crash_point(const char* point) {
-  const char* at = std::getenv("H5CKPT_TEST_CRASH_AT");  // read on every call: tests set it late
-  if (at == nullptr) return;
-  // "POINT@N": the N-th time this process passes POINT (a job that must commit some saves first).
-  const char* tail = std::strchr(at, '@');
-  const size_t len = tail != nullptr ? static_cast<size_t>(tail - at) : std::strlen(at);
-  if (std::strlen(point) != len || std::strncmp(at, point, len) != 0) return;
-  if (tail != nullptr) {
-    static std::mutex mu;
-    static std::map<std::string, long> passes;
-    std::lock_guard<std::mutex> lock(mu);
-    if (++passes[point] != std::atol(tail + 1)) return;
-  }
-  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_CRASH_AT=%s: exiting as a crash would\n", at);
+  // "POINT::N": the N-th pass in this process (a job that must commit some saves first).
+  if (!util::test_point_armed("H5CKPT_TEST_CRASH_AT", point, -1)) return;
+  std::fprintf(stderr, "h5ckpt: H5CKPT_TEST_CRASH_AT=%s: exiting as a crash would\n",
+               std::getenv("H5CKPT_TEST_CRASH_AT"));
   std::fflush(stderr);
   ::_exit(1);
 }

@@ -106,7 +106,8 @@ inline constexpr const char* kLockFileName = ".h5ckpt.lock";
 
 /// Test hook: when H5CKPT_TEST_CRASH_AT equals `point`, the process exits at once (_exit(1)), as
 /// a crash there would. Points: "publish" (mid-overwrite), "latest" (committed, latest not yet
-/// updated), "retention" (before deleting old checkpoints); "POINT@N" exits at the N-th pass.
+/// updated), "retention" (before deleting old checkpoints); "POINT::N" exits at the N-th pass
+/// (the form of util::test_point, without a rank).
 void test_crash_point(const char* point);
 
 }  // namespace h5ckpt::storage

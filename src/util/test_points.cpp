@@ -10,10 +10,8 @@
 #include <vector>
 
 namespace h5ckpt::util {
-namespace {
 
-// True when `spec` (point[:rank[:nth]]) names `point` on `rank` and this is its nth arrival there.
-bool armed(const char* env, const char* point, int rank) {
+bool test_point_armed(const char* env, const char* point, int rank) {
   const char* at = std::getenv(env);
   if (at == nullptr) return false;
   std::vector<std::string> f;
@@ -31,12 +29,10 @@ bool armed(const char* env, const char* point, int rank) {
   return ++reached[std::string(env) + point] == nth;
 }
 
-}  // namespace
-
 void test_point(const char* point, int rank) {
   for (const auto& [env, sig, verb] :
        {std::tuple{"H5CKPT_TEST_KILL_AT", SIGKILL, "kills"}, std::tuple{"H5CKPT_TEST_STOP_AT", SIGSTOP, "stops"}}) {
-    if (!armed(env, point, rank)) continue;
+    if (!test_point_armed(env, point, rank)) continue;
     std::fprintf(stderr, "h5ckpt: %s=%s: rank %d %s itself\n", env, std::getenv(env), rank, verb);
     std::fflush(stderr);
     std::raise(sig);

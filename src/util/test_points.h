@@ -11,4 +11,9 @@ namespace h5ckpt::util {
 /// paused process would; its peers must end by their deadline. Each announces itself on stderr.
 void test_point(const char* point, int rank);
 
+/// True when the environment variable `env` (point[:rank[:nth]]) names `point`, on `rank` when it
+/// gives one (a rank of -1 never matches one), and this is the nth arrival there in this process.
+/// The matcher of test_point, for hooks that act otherwise (H5CKPT_TEST_CRASH_AT: _exit).
+bool test_point_armed(const char* env, const char* point, int rank);
+
 }  // namespace h5ckpt::util
