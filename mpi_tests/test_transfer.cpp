@@ -199,10 +199,12 @@ TEST(Transfer, CorruptedBlockDisjoint) {
 }
 TEST(Transfer, CorruptedBlockOverlapping) { corrupted_in_flight(true); }
 
-// in_place: checked where received. A corrupted block still fails everywhere naming the key;
-// the destination then holds no single version, and the next transfer is a full one that
-// restores it.
-TEST(Transfer, InPlaceCorruptedBlockThenFullRetry) {
+// in_place: checked where received. A corrupted block still fails everywhere naming the key.
+// keep_previous off: the destination then holds no single version, and the next transfer is a full
+// one that restores it. keep_previous on (the default): the overwritten bytes were kept aside and
+// are put back, so the destination holds the previous version element by element, and the retry
+// can be a delta.
+void in_place_corrupted(bool keep_previous) {
   const int n = world_size();
   const Layout ls{1, n, 1, false}, ld{n % 2 == 0 ? 2 : 1, n % 2 == 0 ? n / 2 : n, 1, false};
   Topology ts = make_topology(MPI_COMM_WORLD, ls), td = make_topology(MPI_COMM_WORLD, ld);
@@ -210,6 +212,7 @@ TEST(Transfer, InPlaceCorruptedBlockThenFullRetry) {
   StateTransfer x(MPI_COMM_WORLD);
   TransferOptions o;
   o.in_place = true;
+  o.keep_previous = keep_previous;
   o.version = 1;
   auto r1 = x.transfer(&src.state(), &dst.state(), o);
   ASSERT_TRUE(r1.ok()) << r1.status().to_string();
@@ -223,10 +226,39 @@ TEST(Transfer, InPlaceCorruptedBlockThenFullRetry) {
   engine::set_transfer_fault_for_testing(-1, "");
   expect_agreed_error(r2.status(), ErrorCode::kCorrupt, "'" + key + "'");
   EXPECT_EQ(x.version(), 1);
+  if (keep_previous) EXPECT_EQ(dst.count_mismatches(&first), 0) << "the destination lost version 1: " << first;
   auto r3 = x.transfer(&src.state(), &dst.state(), o);
   ASSERT_TRUE(r3.ok()) << r3.status().to_string();
-  EXPECT_FALSE(r3->delta) << "after a failed in-place transfer the next one must be full";
+  if (keep_previous) EXPECT_TRUE(r3->delta) << "version 1 was kept: the retry is a delta";
+  else EXPECT_FALSE(r3->delta) << "after a failed in-place transfer the next one must be full";
   EXPECT_EQ(flipped_mismatches(dst.state()), 0);
+}
+
+TEST(Transfer, InPlaceCorruptedBlockThenFullRetry) { in_place_corrupted(false); }
+TEST(Transfer, InPlaceCorruptedBlockKeepsPrevious) { in_place_corrupted(true); }
+
+// keep_previous: a piece's data receives wait for the copy of its previous bytes, while its sums
+// may already be in. Sources and destinations disjoint (the sources' threads only hash), backups
+// held back 0.2 s: the sums arrive first every time, and the piece must still be checked only once
+// its data is in (a check of the old bytes fails as corrupted).
+TEST(Transfer, InPlaceKeptPieceCheckedAfterItsData) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Halves h;
+  const int n = h.size();
+  const Layout ls{1, n, 1, false}, ld{n % 2 == 0 ? 2 : 1, n % 2 == 0 ? n / 2 : n, 1, false};
+  const Layout& mine = h.source ? ls : ld;
+  Topology t = make_topology(h.comm, mine);
+  TestModel model(mine, t.coords(), h.source);
+  StateTransfer x(MPI_COMM_WORLD);
+  TransferOptions o;
+  o.in_place = true;
+  o.delta = false;
+  engine::set_transfer_backup_delay_for_testing(0.2);
+  auto r = x.transfer(h.source ? &model.state() : nullptr, h.source ? nullptr : &model.state(), o);
+  engine::set_transfer_backup_delay_for_testing(0);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::string first;
+  if (!h.source) EXPECT_EQ(model.count_mismatches(&first), 0) << first;
 }
 
 // Under memory_bytes the transfer runs in rounds whose staging stays within the bound.

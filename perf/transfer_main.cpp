@@ -141,9 +141,15 @@ int main(int argc, char** argv) {
     check_dest(-1, 0);
     if (!source)
       for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
-    TransferOptions in_place = full;  // checked where received
+    TransferOptions in_place = full;  // checked where received, the overwritten bytes kept aside
     in_place.in_place = true;
     t["in_place_s"].push_back(timed([&] { r = publish(in_place); }));
+    check_dest(-1, 0);
+    if (!source)
+      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
+    TransferOptions unkept = in_place;  // checked where received, a failure leaves new bytes
+    unkept.keep_previous = false;
+    t["in_place_unkept_s"].push_back(timed([&] { r = publish(unkept); }));
     check_dest(-1, 0);
     if (!source)
       for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
@@ -235,6 +241,7 @@ int main(int argc, char** argv) {
     for (const auto& [key, v] : t) s[key] = median(v);
     s["transfer_over_alltoallv"] = median(t["transfer_s"]) / median(t["alltoallv_s"]);
     s["in_place_over_alltoallv"] = median(t["in_place_s"]) / median(t["alltoallv_s"]);
+    s["in_place_unkept_over_alltoallv"] = median(t["in_place_unkept_s"]) / median(t["alltoallv_s"]);
     s["unverified_over_alltoallv"] = median(t["unverified_s"]) / median(t["alltoallv_s"]);
     s["delta_bytes"] = delta_bytes;
     s["delta_blocks"] = delta_blocks;

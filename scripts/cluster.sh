@@ -4,7 +4,8 @@
 #   scripts/cluster.sh --nodes N --ranks-per-node R [--first-node K]
 #                      [--node-local PATH --node-disks ROOT] [--shared PATH --shared-volume DIR]
 #                      [--keep-env] [--env NAME[=VALUE]]... [--timeout SECONDS]
-#                      [--mca KEY VALUE]... [--mpirun-arg ARG]... [--verbose] -- PROGRAM ARGS...
+#                      [--mca KEY VALUE]... [--mpirun-arg ARG]... [--wire-rate RATE]
+#                      [--verbose] -- PROGRAM ARGS...
 #
 # Node i (1..N) is called node-i, on its own loopback address 127.0.1.i (added to /etc/hosts).
 # mpirun "logs in" to it with scripts/cluster_node_launcher.sh instead of ssh, which starts the
@@ -37,7 +38,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2
 die() { echo "cluster.sh: $1" >&2; exit "${2:-2}"; }
 unavailable() { die "$1" "$SETUP_FAILED"; }
 
-NODES="" RPN="" FIRST=1 LOCAL="" DISKS="" SHARED="" VOLUME="" KEEP_ENV=0 TIMEOUT=0 VERBOSE=0
+NODES="" RPN="" FIRST=1 LOCAL="" DISKS="" SHARED="" VOLUME="" KEEP_ENV=0 TIMEOUT=0 VERBOSE=0 WIRE_RATE=""
 ENV_NAMES=() EXTRA=()
 while (($#)); do
   case $1 in
@@ -58,6 +59,7 @@ while (($#)); do
     --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift 2 ;;
     --mca) EXTRA+=(--mca "${2:?--mca needs KEY VALUE}" "${3:?--mca needs KEY VALUE}"); shift 3 ;;
     --mpirun-arg) EXTRA+=("${2:?--mpirun-arg needs a value}"); shift 2 ;;
+    --wire-rate) WIRE_RATE=${2:?--wire-rate needs a rate, e.g. 10gbit}; shift 2 ;;
     --verbose) VERBOSE=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
@@ -69,6 +71,8 @@ done
 [[ $FIRST =~ ^[1-9][0-9]*$ ]] && ((FIRST + NODES - 1 <= 254)) || die "--first-node must be 1..$((255 - NODES)) (got '${FIRST}')"
 [[ $RPN =~ ^[1-9][0-9]*$ ]] || die "--ranks-per-node must be a positive integer (got '${RPN}')"
 [[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds (got '$TIMEOUT')"
+[[ -z $WIRE_RATE || $WIRE_RATE =~ ^[0-9]+(\.[0-9]+)?[kmgt]?(bit|bps)$ ]] ||
+  die "--wire-rate takes tc's rate syntax, e.g. 10gbit or 800mbit (got '$WIRE_RATE')"
 if [[ -n $LOCAL || -n $DISKS ]]; then
   [[ -n $LOCAL && -n $DISKS ]] || die "--node-local and --node-disks go together"
   # Absolute, so that every node's namespace resolves them the same way.
@@ -98,6 +102,9 @@ command -v mpirun >/dev/null || unavailable "mpirun not found (Debian: apt-get i
 [[ -x $LAUNCHER ]] || unavailable "$LAUNCHER is missing or not executable"
 if ! err=$(unshare --uts --mount --propagation private true 2>&1); then
   unavailable "cannot create UTS + mount namespaces here (unshare: $err); a container needs CAP_SYS_ADMIN"
+fi
+if [[ -n $WIRE_RATE ]]; then
+  command -v tc >/dev/null || unavailable "--wire-rate needs tc (Debian: apt-get install iproute2)"
 fi
 if ! mpirun --version 2>/dev/null | grep -q "Open MPI"; then
   unavailable "mpirun is not Open MPI's ($(mpirun --version 2>&1 | head -n1)); the launcher relies on plm_rsh_agent"
@@ -140,7 +147,11 @@ done
 # --- the job ------------------------------------------------------------------------------------
 HOSTFILE=$(mktemp "${TMPDIR:-/tmp}/h5ckpt-cluster-hosts.XXXXXX")
 MPIRUN_PID=""
-cleanup() { rm -f "$HOSTFILE"; }
+SHAPED=0
+cleanup() {
+  rm -f "$HOSTFILE"
+  if ((SHAPED)); then tc qdisc del dev lo root 2>/dev/null || true; fi
+}
 trap cleanup EXIT
 # A test harness's timeout (SIGTERM) must end mpirun, which ends its daemons and their namespaces.
 on_signal() {
@@ -174,6 +185,30 @@ ARGS=(--hostfile "$HOSTFILE" -np $((NODES * RPN)) --map-by slot
       # Same for mpirun <-> daemons (not needed where there is a real interface, harmless).
       --mca oob_tcp_if_include lo)
 ((TIMEOUT > 0)) && ARGS+=(--timeout "$TIMEOUT")
+if [[ -n $WIRE_RATE ]]; then
+  # Ports 0xA000-0xA03F: a range u32 matches with one mask, outside Open MPI's default
+  # (which starts at 1024). Both directions of a connection carry a listening port.
+  WIRE_PORT=40960 WIRE_MASK=0xffc0
+  ARGS+=(--mca btl_tcp_port_min_v4 $WIRE_PORT --mca btl_tcp_port_range_v4 64)
+  # Held until this script exits: lo has one root qdisc, so shaped jobs take turns.
+  exec 8>"$LOCK_DIR/h5ckpt-cluster-wire.lock"
+  flock -w 900 8 || unavailable "timed out waiting for another job's shaped wire (lock $LOCK_DIR/h5ckpt-cluster-wire.lock)"
+  if tc qdisc show dev lo | grep -q '^qdisc htb'; then
+    unavailable "lo already has an htb qdisc that this script did not add ($(tc qdisc show dev lo | head -n1)); remove it with: tc qdisc del dev lo root"
+  fi
+  SHAPED=1
+  shape_wire() {
+    tc qdisc add dev lo root handle 1: htb default 1 || return  # no class 1: other traffic unshaped
+    tc class add dev lo parent 1: classid 1:2 htb rate "$WIRE_RATE" ceil "$WIRE_RATE" burst 1m cburst 1m \
+      quantum 200000 || return
+    local field
+    for field in dport sport; do
+      tc filter add dev lo protocol ip parent 1: prio 1 u32 match ip protocol 6 0xff \
+        match ip "$field" $WIRE_PORT $WIRE_MASK flowid 1:2 || return
+    done
+  }
+  shape_wire || unavailable "could not shape lo with tc (htb and u32 in the kernel?)"
+fi
 # Every node's ranks share this machine's cores, but each node declares slots=R, so Open MPI does
 # not see the oversubscription and its ranks spin while they wait. Over TCP a message then waits
 # for both ends to be scheduled between the spinners: a 4x2 trainer job took 50 s instead of 5.
@@ -189,7 +224,7 @@ done < <(compgen -e | grep -E '^(H5CKPT_|OMPI_MCA_)' || true)
 for name in "${ENV_NAMES[@]}"; do ARGS+=(-x "$name"); done
 ARGS+=("${EXTRA[@]}")
 
-((VERBOSE)) && echo "cluster.sh: $NODES nodes x $RPN ranks from node-$FIRST${LOCAL:+, node-local $LOCAL on $DISKS/node-i}${SHARED:+, shared $SHARED on $VOLUME/clients/node-i}:" \
+((VERBOSE)) && echo "cluster.sh: $NODES nodes x $RPN ranks from node-$FIRST${LOCAL:+, node-local $LOCAL on $DISKS/node-i}${SHARED:+, shared $SHARED on $VOLUME/clients/node-i}${WIRE_RATE:+, wire $WIRE_RATE}:" \
   "mpirun ${ARGS[*]} $*" >&2
 ((VERBOSE)) && export H5CKPT_CLUSTER_DEBUG=1
 
@@ -202,7 +237,7 @@ RUN=(mpirun)
 # A second line of defence if mpirun itself hangs (e.g. a daemon never calls back).
 ((TIMEOUT > 0)) && RUN=(timeout --kill-after=10 $((TIMEOUT + 30)) mpirun)
 rc=0
-"${RUN[@]}" "${ARGS[@]}" "$@" <&0 2> >(grep --line-buffered -v 'plm:rsh: Warning: setpgid(' >&2) &
+"${RUN[@]}" "${ARGS[@]}" "$@" <&0 8>&- 2> >(grep --line-buffered -v 'plm:rsh: Warning: setpgid(' >&2) &
 MPIRUN_PID=$!
 wait "$MPIRUN_PID" || rc=$?
 MPIRUN_PID=""

@@ -28,9 +28,10 @@ fi
 
 # --- simulated cluster (scripts/cluster.sh, tests/cluster.cmake) ---------------------------------
 # Needs these commands (in Debian's base system, but minimal images may lack some): unshare and
-# flock (util-linux), mount, hostname, getent (libc-bin). Open MPI and Slurm come from above.
+# flock (util-linux), mount, hostname, getent (libc-bin), tc (iproute2: the shaped wire of
+# --wire-rate). Open MPI and Slurm come from above.
 cluster_missing=()
-for c in unshare:util-linux flock:util-linux mount:mount hostname:hostname getent:libc-bin; do
+for c in unshare:util-linux flock:util-linux mount:mount hostname:hostname getent:libc-bin tc:iproute2; do
   command -v "${c%%:*}" >/dev/null || cluster_missing+=("${c#*:}")
 done
 if ((${#cluster_missing[@]})); then

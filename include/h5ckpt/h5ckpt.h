@@ -257,13 +257,15 @@ typedef struct h5ckpt_transfer_options {
   int64_t version;       /* the source's version, e.g. the training step (default 0) */
   int delta;             /* only changed blocks move when every rank holds the previous version (1) */
   int verify;            /* every block checked against the source's checksums (1) */
-  int in_place;          /* checked where received instead of staged; a failure leaves new bytes (0) */
+  int in_place;          /* checked where received instead of staged (0) */
   int strict;            /* every destination key must be held by a source (1) */
   int convert_dtype;     /* float-to-float conversion (1) */
   uint64_t memory_bytes; /* staging bound per rank; 0: none (0) */
   double timeout_s;      /* deadline of every wait (600); 0: none */
   int threads;           /* threads per rank hashing, checking and copying; 0: cores / ranks on the node */
   void* device_stream;   /* device buffers: the cudaStream_t read after; NULL: the whole device */
+  int keep_previous;     /* in_place: overwritten bytes kept aside and put back on failure (1); 0:
+                            a failure leaves new bytes */
 } h5ckpt_transfer_options_t;
 
 typedef struct h5ckpt_transfer_report {

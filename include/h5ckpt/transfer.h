@@ -32,9 +32,17 @@ struct TransferOptions {
   bool verify = true;
   /// With verify: receive in place (pieces that are one contiguous run of a destination buffer in
   /// the source dtype) and check them there, instead of staging and copying after the check: one
-  /// memory pass less, but a corrupted block fails the call with the destination holding new
-  /// bytes, and the one corrupted block, in those pieces (the next transfer is then a full one).
+  /// memory pass less after the check, and a corrupted block fails the call with the destination
+  /// holding new bytes, and the one corrupted block, in those pieces (the next transfer is then a
+  /// full one), unless keep_previous (the default) kept the bytes they overwrote.
   bool in_place = false;
+  /// With verify and in_place: the bytes each in-place piece overwrites are first copied aside
+  /// (by the helper threads, while earlier pieces are on the wire; a piece's receive waits for its
+  /// copy) and put back when the call fails, so a failure leaves the previous version as staging
+  /// does. The destination's buffers still change during the call. Costs the staging memory and
+  /// one memory pass, which a wire slower than memory hides. false: that pass is saved, and a
+  /// failure leaves new bytes as described above.
+  bool keep_previous = true;
   /// Every destination key must be held by the sources; otherwise missing keys are skipped
   /// (TransferReport::missing_keys) and their buffers left untouched.
   bool strict = true;

@@ -24,6 +24,7 @@ void bind_transfer(py::module_& m) {
       .def_readwrite("delta", &TransferOptions::delta)
       .def_readwrite("verify", &TransferOptions::verify)
       .def_readwrite("in_place", &TransferOptions::in_place)
+      .def_readwrite("keep_previous", &TransferOptions::keep_previous)
       .def_readwrite("strict", &TransferOptions::strict)
       .def_readwrite("convert_dtype", &TransferOptions::convert_dtype)
       .def_readwrite("memory_bytes", &TransferOptions::memory_bytes)

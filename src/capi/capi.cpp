@@ -502,6 +502,7 @@ void h5ckpt_transfer_options_init(h5ckpt_transfer_options_t* options) {
   options->timeout_s = d.timeout_s;
   options->threads = d.threads;
   options->device_stream = d.device_stream;
+  options->keep_previous = d.keep_previous;
 }
 
 int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* source, h5ckpt_state_t* destination,
@@ -520,6 +521,7 @@ int h5ckpt_transfer_run(h5ckpt_transfer_t* transfer, const h5ckpt_state_t* sourc
       o.timeout_s = options->timeout_s;
       o.threads = options->threads;
       o.device_stream = options->device_stream;
+      o.keep_previous = options->keep_previous != 0;
     }
     auto r =
         transfer->transfer.transfer(source ? &source->dict : nullptr, destination ? &destination->dict : nullptr, o);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <deque>
 #include <cstring>
@@ -39,6 +40,7 @@ namespace {
 std::mutex fault_mu;
 int fault_rank = -1;
 std::string fault_key;
+std::atomic<double> backup_delay_s{0};
 }  // namespace
 
 void set_transfer_fault_for_testing(int src_rank, const std::string& key) {
@@ -46,6 +48,8 @@ void set_transfer_fault_for_testing(int src_rank, const std::string& key) {
   fault_rank = key.empty() ? -1 : src_rank;
   fault_key = key;
 }
+
+void set_transfer_backup_delay_for_testing(double seconds) { backup_delay_s = seconds; }
 }  // namespace engine
 
 namespace {
@@ -718,6 +722,8 @@ struct StateTransfer::Impl::Round {
       : call(c),
         round(r),
         stage_at(c.np, 0),
+        backup_at(c.np, kNone),
+        backed_up(new std::atomic<bool>[c.np]()),
         pack_at(c.np, UINT64_MAX),
         send_from(c.np, nullptr),
         direct(c.np, nullptr),
@@ -725,9 +731,17 @@ struct StateTransfer::Impl::Round {
 
   Call& call;
   const int round;
+  static constexpr uint64_t kNone = UINT64_MAX;
   // Staging: received runs (and a piece sent to itself) in `stage`; sends that are not one
   // contiguous run of the source buffer (or that the fault hook corrupts) packed in `pack`.
-  std::vector<uint64_t> stage_at, pack_at;
+  std::vector<uint64_t> stage_at;
+  // In-place pieces with TransferOptions::keep_previous: where in `stage` the bytes they overwrite
+  // are kept (kNone: not kept), and whether that copy is done (their receives wait for it).
+  std::vector<uint64_t> backup_at;
+  std::unique_ptr<std::atomic<bool>[]> backed_up;
+  std::shared_ptr<detail::WorkPool::Group> backups;
+  size_t next_recv = 0;  // receives are posted in piece order, up to the first piece not backed up
+  std::vector<uint64_t> pack_at;
   std::vector<const char*> send_from;
   // Unverified and in-place transfers receive straight into the destination where a piece is one
   // contiguous run of it in the source dtype (no staging, no copy after the check).
@@ -809,6 +823,10 @@ struct StateTransfer::Impl::Round {
         stage_at[k] = stage_bytes;
         for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;
       }
+      if (p.dst_rank == me && direct[k] && call.options.verify && call.options.in_place && call.options.keep_previous) {
+        backup_at[k] = stage_bytes;
+        for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;
+      }
       if (p.src_rank == me && p.dst_rank != me) {
         send_from[k] = fault_armed(me, call.src_item(p).key) ? nullptr : contiguous_start(source(k), p.box);
         if (!send_from[k]) {
@@ -823,7 +841,34 @@ struct StateTransfer::Impl::Round {
         std::max(call.report.memory_peak_bytes, stage_bytes + pack_bytes + from_device_bytes);
   }
 
-  // Receives first (sums sent after their data, then the data), then this rank's sends.
+  // Piece k's previous bytes (its moving runs, in place) into `stage`, or back (`restore`).
+  void copy_backup(size_t k, bool restore) {
+    uint64_t at = backup_at[k];
+    for (const Run& r : call.runs[k]) {
+      char* kept = call.impl.stage.data() + at;
+      char* held = direct[k] + r.begin;
+      if (restore) std::memcpy(held, kept, r.end - r.begin);
+      else std::memcpy(kept, held, r.end - r.begin);
+      at += r.end - r.begin;
+    }
+  }
+  bool waits_for_backup(size_t k) const {
+    const TransferPiece& p = (*call.pieces)[k];
+    return backup_at[k] != kNone && p.src_rank != call.me && !backed_up[k].load();
+  }
+  // After a failed round: the pieces received in place get their previous bytes back.
+  bool restore_previous() {
+    bool any = false;
+    for (size_t k = 0; k < call.np; ++k)
+      if (backup_at[k] != kNone && backed_up[k].load()) {
+        copy_backup(k, true);
+        any = true;
+      }
+    return any;
+  }
+
+  // Receives first (sums sent after their data, then the data), then this rank's sends. The
+  // backups of in-place pieces run on the pool while earlier pieces are on the wire.
   void post_receives(bool sums_after) {
     for (size_t k = 0; k < call.np && local.ok() && sums_after; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
@@ -832,7 +877,30 @@ struct StateTransfer::Impl::Round {
       post(false, p.src_rank, reinterpret_cast<const char*>(call.fresh[k].data()),
            call.geo[k].blocks * sizeof(uint64_t), kSumTag, static_cast<int64_t>(k));
     }
-    for (size_t k = 0; k < call.np && local.ok(); ++k) {
+    detail::WorkPool& pool = call.impl.workers(call.options.threads);
+    backups = pool.group();
+    for (size_t k = 0; k < call.np; ++k) {
+      if (backup_at[k] == kNone || (*call.pieces)[k].src_rank == call.me) continue;
+      std::atomic<bool>* flag = &backed_up[k];
+      auto piece = pool.group([flag](const Status&) { *flag = true; });
+      ++pending[k];  // held until its data receives are posted: its sums alone do not complete it
+      pool.submit(piece, [this, k] {
+        if (const double d = engine::backup_delay_s.load(); d > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(d));
+        copy_backup(k, false);
+        return Status::Ok();
+      });
+      pool.seal(piece);
+    }
+    pool.seal(backups);
+    post_ready_receives();
+  }
+
+  // Data receives in piece order (MPI matches one source's messages of a tag in posting order),
+  // stopping at a piece whose backup is not done yet; called again as backups finish.
+  void post_ready_receives() {
+    for (; next_recv < call.np && local.ok() && !waits_for_backup(next_recv); ++next_recv) {
+      const size_t k = next_recv;
       const TransferPiece& p = (*call.pieces)[k];
       if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
       if (call.linked(k)) {                             // device to device: straight into the destination's run
@@ -848,8 +916,10 @@ struct StateTransfer::Impl::Round {
         at += r.end - r.begin;
         if (!local.ok()) break;
       }
+      if (backup_at[k] != kNone) --pending[k];  // the hold of post_receives (data receives now count)
     }
   }
+  bool receives_posted() const { return next_recv == call.np || !local.ok(); }
 
   void post_sends() {
     std::vector<char>& stage = call.impl.stage;
@@ -868,6 +938,10 @@ struct StateTransfer::Impl::Round {
       }
       const bool corrupt = fault_armed(call.me, call.src_item(p).key);
       if (p.dst_rank == call.me) {  // to itself: straight into staging (or the destination)
+        if (backup_at[k] != kNone) {
+          copy_backup(k, false);
+          backed_up[k] = true;
+        }
         uint64_t at = stage_at[k];
         for (const Run& r : runs) {
           gather_rows(source(k), p.box, r.begin / call.geo[k].row, r.end / call.geo[k].row, landing(k, at, r.begin));
@@ -925,6 +999,7 @@ struct StateTransfer::Impl::Round {
     const comm::Deadline deadline;
     std::vector<int> done;
     while (true) {
+      if (!receives_posted()) post_ready_receives();
       for (; next_sums < hashing.size() && hashed[hashing[next_sums]].load(); ++next_sums) {
         const size_t k = hashing[next_sums];
         const TransferPiece& p = (*call.pieces)[k];
@@ -950,11 +1025,13 @@ struct StateTransfer::Impl::Round {
         const int64_t k = request_piece[done[i]];
         if (k >= 0 && --pending[k] == 0) arrived(static_cast<size_t>(k));
       }
-      if (count == MPI_UNDEFINED && next_sums == hashing.size()) break;  // every message done, every sum out
+      // every message done, every sum out, every receive posted
+      if (count == MPI_UNDEFINED && next_sums == hashing.size() && receives_posted()) break;
       comm::check_deadline(deadline, "transfer (exchange)", call.w());
       std::this_thread::yield();
     }
     for (const auto& g : hash_groups) (void)pool.wait(g);  // they write into call.fresh: done before it goes
+    (void)pool.wait(backups);                              // restore_previous reads them
     pool.seal(checks);
     Status checked = pool.wait(checks);
     if (local.ok()) local = checked;
@@ -1048,8 +1125,10 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
   if (r.local.ok()) r.local = r.copied;
   Status agreed = comm::agree(r.local, w()).with_context("transfer version " + std::to_string(options.version));
   if (!agreed.ok()) {
-    // Earlier rounds committed, or bytes received in place: the destination holds no single version.
-    if (round > 0 || options.in_place) {
+    // In-place pieces get their previous bytes back where they were kept (keep_previous). Earlier
+    // rounds committed, or bytes received in place and not kept: no single version is held.
+    r.restore_previous();
+    if (round > 0 || (options.in_place && !(options.keep_previous && options.verify))) {
       impl.have_version = false;
       impl.sums.clear();
     }

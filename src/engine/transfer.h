@@ -21,4 +21,8 @@ namespace h5ckpt::engine {
 /// An empty key turns it off.
 void set_transfer_fault_for_testing(int src_rank, const std::string& key);
 
+/// Test hook: every copy that keeps an in-place piece's previous bytes (keep_previous) waits this
+/// long first, so the piece's sums surely arrive before its data receives are posted. 0: off.
+void set_transfer_backup_delay_for_testing(double seconds);
+
 }  // namespace h5ckpt::engine

@@ -3,6 +3,7 @@
  *   cluster_probe --nodes N --ranks-per-node R [--node-local DIR]
  *                 [--expect-persisted] [--lost-node NAME]
  *                 [--expect-env NAME=VALUE]... [--expect-unset NAME]...
+ *                 [--wire-mib M [--wire-gbit-at-most G]]
  *
  * On every rank:
  *   1. the processor name (and gethostname, i.e. the node's UTS namespace) names the node;
@@ -17,7 +18,10 @@
  *      node called NAME must instead see an empty directory (its disk was deleted). Then every rank
  *      writes <dir>/rank-<world rank> containing its node name and, after a barrier, the directory
  *      must hold exactly the files of the ranks on this node and none of the other nodes';
- *   4. --expect-env / --expect-unset: the environment the launcher passed to the ranks.
+ *   4. --expect-env / --expect-unset: the environment the launcher passed to the ranks;
+ *   5. --wire-mib M: rank 0 (node 1) sends M MiB to the first rank of node 2, which checks the bytes
+ *      and prints the rate; with --wire-gbit-at-most G the bytes must not have crossed faster than
+ *      G Gbit/s (plus 15 %): the wire of cluster.sh --wire-rate really limits the traffic.
  * A failed check prints "cluster probe: rank r (node): FAILED ..." and the job keeps going through
  * every collective; the ranks agree on the outcome with an allreduce and all exit 1 on failure.
  */
@@ -54,7 +58,8 @@ static void fail(const char* fmt, ...) {
 static void usage(void) {
   fprintf(stderr,
           "usage: cluster_probe --nodes N --ranks-per-node R [--node-local DIR] [--expect-persisted]\n"
-          "                     [--lost-node NAME] [--expect-env NAME=VALUE]... [--expect-unset NAME]...\n");
+          "                     [--lost-node NAME] [--expect-env NAME=VALUE]... [--expect-unset NAME]...\n"
+          "                     [--wire-mib M [--wire-gbit-at-most G]]\n");
 }
 
 /* Sets seen[r] = 1 for every file rank-<r> (0 <= r < size) in dir; returns the number of entries
@@ -118,6 +123,37 @@ static void check_contents(const char* dir, int size, const char* mine) {
   }
 }
 
+/* Rank 0 sends mib MiB in 4 MiB messages to rank `to` (another node), which checks every byte and
+ * times the whole from a barrier; fails when the rate exceeds at_most_gbit (> 0) by 15 %. */
+static void check_wire(int to, int mib, double at_most_gbit) {
+  const int chunk = 4 << 20, count = mib / 4 > 0 ? mib / 4 : 1;
+  if (g_rank != 0 && g_rank != to) return;
+  unsigned char* buf = malloc((size_t)chunk);
+  double t0 = 0;
+  int bad = -1;
+  for (int c = 0; c < count; ++c) {
+    if (g_rank == 0) {
+      for (int i = 0; i < chunk; ++i) buf[i] = (unsigned char)(c * 7 + i);
+      MPI_Send(buf, chunk, MPI_BYTE, to, 11, MPI_COMM_WORLD);
+    } else {
+      if (c == 0) t0 = MPI_Wtime();
+      MPI_Recv(buf, chunk, MPI_BYTE, 0, 11, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      for (int i = 0; i < chunk && bad < 0; ++i)
+        if (buf[i] != (unsigned char)(c * 7 + i)) bad = c * chunk + i;
+    }
+  }
+  if (g_rank == to) {
+    const double s = MPI_Wtime() - t0, gbit = (double)count * chunk * 8 / s / 1e9;
+    printf("cluster probe: wire: %d MiB from rank 0 to rank %d (%s) in %.3f s, %.2f Gbit/s\n", count * 4, to, g_name, s,
+           gbit);
+    fflush(stdout);
+    if (bad >= 0) fail("wire message corrupt at byte %d", bad);
+    if (at_most_gbit > 0 && gbit > at_most_gbit * 1.15)
+      fail("wire: %.2f Gbit/s between nodes, faster than the %.2f Gbit/s the wire should allow", gbit, at_most_gbit);
+  }
+  free(buf);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int size;
@@ -129,7 +165,8 @@ int main(int argc, char** argv) {
   int nodes = -1, rpn = -1, persisted = 0;
   const char *local = NULL, *lost = NULL;
   const char *env_set[MAX_CHECKS], *env_unset[MAX_CHECKS];
-  int n_set = 0, n_unset = 0, bad_args = 0;
+  int n_set = 0, n_unset = 0, bad_args = 0, wire_mib = 0;
+  double wire_max = 0;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--nodes") && v) nodes = atoi(argv[++i]);
@@ -139,9 +176,11 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--expect-persisted")) persisted = 1;
     else if (!strcmp(a, "--expect-env") && v && n_set < MAX_CHECKS && strchr(v, '=')) env_set[n_set++] = argv[++i];
     else if (!strcmp(a, "--expect-unset") && v && n_unset < MAX_CHECKS) env_unset[n_unset++] = argv[++i];
+    else if (!strcmp(a, "--wire-mib") && v) wire_mib = atoi(argv[++i]);
+    else if (!strcmp(a, "--wire-gbit-at-most") && v) wire_max = atof(argv[++i]);
     else bad_args = 1;
   }
-  if (bad_args || nodes < 1 || rpn < 1) {
+  if (bad_args || nodes < 1 || rpn < 1 || wire_mib < 0 || (wire_mib && nodes < 2)) {
     if (g_rank == 0) usage();
     MPI_Finalize();
     return 2;
@@ -252,6 +291,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < n_unset; ++i)
     if (getenv(env_unset[i]))
       fail("environment: %s is set (\"%s\"), expected unset", env_unset[i], getenv(env_unset[i]));
+
+  /* 5. the wire between nodes */
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (wire_mib) check_wire(rpn, wire_mib, wire_max);
 
   int any = g_failed, nfail = g_failed;
   MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -6,6 +6,8 @@
 #   2. a second job on the same disks: every node finds the files of its own ranks from job 1
 #      (with --keep-env: the caller's whole environment);
 #   3. node-2's disk deleted: node 2 starts empty, the others still find theirs;
+#   6. --wire-rate: a wire of 500 Mbit/s between nodes carries 32 MiB no faster than that (and the
+#      same check fails on the unshaped loopback), and lo is left as it was;
 # plus checks from outside: the disks hold what each node wrote, nothing leaked into the host's
 # node-local path or mount table, the probe does fail when the cluster is not what it expects, and
 # the script returns the program's exit status.
@@ -79,5 +81,16 @@ say "5. the program's exit status comes back"
 rc=0
 cluster -- sh -c 'exit 3' >/dev/null 2>&1 || rc=$?
 ((rc == 3)) || fail "cluster.sh returned $rc for a program that exits 3"
+
+say "6. a shaped wire between nodes"
+qdisc_before=$(tc qdisc show dev lo)
+wire=(--nodes "$NODES" --ranks-per-node "$RPN" --wire-mib 32 --wire-gbit-at-most 0.5)  # node-local checked above
+cluster --wire-rate 500mbit -- "$PROBE" "${wire[@]}" ||
+  fail "the probe failed on a 500 Mbit/s wire (exit $?)"
+[[ $(tc qdisc show dev lo) == "$qdisc_before" ]] || fail "lo's qdisc changed: $(tc qdisc show dev lo)"
+if out=$(cluster -- "$PROBE" "${wire[@]}" 2>&1); then
+  echo "$out"; fail "the probe's wire check passed on an unshaped loopback"
+fi
+grep -q "faster than the 0.50 Gbit/s" <<<"$out" || { echo "$out"; fail "the wire check did not say why it failed"; }
 
 say "PASS in $((SECONDS - start)) s"
