@@ -271,12 +271,17 @@ TEST(Transfer, MemoryBoundRounds) {
   StateTransfer x(MPI_COMM_WORLD);
   TransferOptions o;
   o.memory_bytes = 2048;
-  auto r = x.transfer(&src.state(), &dst.state(), o);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_GT(r->rounds, 1);
-  EXPECT_LE(r->memory_peak_bytes, o.memory_bytes);
   std::string first;
-  EXPECT_EQ(dst.count_mismatches(&first), 0) << first;
+  for (const bool in_place : {false, true}) {  // in place: the kept bytes take the staging's room
+    o.in_place = in_place;
+    o.delta = false;
+    auto r = x.transfer(&src.state(), &dst.state(), o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_GT(r->rounds, 1);
+    EXPECT_LE(r->memory_peak_bytes, o.memory_bytes) << "in_place " << in_place;
+    EXPECT_EQ(dst.count_mismatches(&first), 0) << first;
+  }
+  o.in_place = false;
   o.memory_bytes = 100;  // below the minimum: the same error everywhere, before any transfer
   expect_agreed_error(x.transfer(&src.state(), &dst.state(), o).status(), ErrorCode::kInvalidArgument, "memory_bytes");
 }
