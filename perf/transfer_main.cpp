@@ -44,11 +44,13 @@ int main(int argc, char** argv) {
   int64_t cols = 1024;
   double mib = 256;
   std::string device_kind = "none";
+  int threads = 0;
   app.add_option("--tensors", tensors, "tensors in the state");
   app.add_option("--mib", mib, "MiB of the whole state (f32)");
   app.add_option("--cols", cols, "columns of each tensor");
   app.add_option("--repeats", repeats, "timed repeats (the summary takes medians)");
   app.add_option("--device", device_kind, "also transfer between device buffers: cuda or simulated");
+  app.add_option("--threads", threads, "TransferOptions::threads (0: the node's cores shared by its ranks)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
   StateTransfer x(MPI_COMM_WORLD);
   TransferOptions full;
   full.delta = false;
+  full.threads = threads;
   int64_t version = 0;
   auto publish = [&](const TransferOptions& base) {
     TransferOptions o = base;
