@@ -17,6 +17,11 @@
 # --shared PATH --shared-volume DIR: the ranks of node i see node i's own client of the GlusterFS
 # volume that `scripts/gluster.sh start --dir DIR` started (DIR/clients/node-i, a separate FUSE
 # client with its own caches) at PATH: a shared file system every node mounts, as on a real cluster.
+# --wire-rate RATE (tc's syntax: 10gbit, 500mbit): the wire between nodes gets that bandwidth. All
+# nodes share the loopback, which moves bytes at memory speed; a real cluster's link is slower. The
+# job's MPI TCP connections use ports 30720-30783, and a tc htb class on lo limits them to RATE (one
+# class for both directions, as one half-duplex link); it is removed on exit. Shaped jobs take turns
+# (a lock). Needs tc (iproute2) and the kernel's htb and u32.
 #
 # Environment: like ssh, a node starts with a login-like environment (PATH, LD_LIBRARY_PATH, HOME,
 # ...); the ranks get H5CKPT_* and OMPI_MCA_* from the caller's environment and the --env ones
@@ -186,9 +191,10 @@ ARGS=(--hostfile "$HOSTFILE" -np $((NODES * RPN)) --map-by slot
       --mca oob_tcp_if_include lo)
 ((TIMEOUT > 0)) && ARGS+=(--timeout "$TIMEOUT")
 if [[ -n $WIRE_RATE ]]; then
-  # Ports 0xA000-0xA03F: a range u32 matches with one mask, outside Open MPI's default
-  # (which starts at 1024). Both directions of a connection carry a listening port.
-  WIRE_PORT=40960 WIRE_MASK=0xffc0
+  # Ports 0x7800-0x783F: a range u32 matches with one mask, below the kernel's ephemeral ports
+  # (32768 up), so the connecting end of no other connection lands in it. Both directions of a
+  # connection carry a listening port.
+  WIRE_PORT=30720 WIRE_MASK=0xffc0
   ARGS+=(--mca btl_tcp_port_min_v4 $WIRE_PORT --mca btl_tcp_port_range_v4 64)
   # Held until this script exits: lo has one root qdisc, so shaped jobs take turns.
   exec 8>"$LOCK_DIR/h5ckpt-cluster-wire.lock"
