@@ -856,15 +856,11 @@ struct StateTransfer::Impl::Round {
     const TransferPiece& p = (*call.pieces)[k];
     return backup_at[k] != kNone && p.src_rank != call.me && !backed_up[k].load();
   }
-  // After a failed round: the pieces received in place get their previous bytes back.
-  bool restore_previous() {
-    bool any = false;
+  // After a failed round (every backup job done): the pieces received in place get their
+  // previous bytes back.
+  void restore_previous() {
     for (size_t k = 0; k < call.np; ++k)
-      if (backup_at[k] != kNone && backed_up[k].load()) {
-        copy_backup(k, true);
-        any = true;
-      }
-    return any;
+      if (backup_at[k] != kNone && backed_up[k].load()) copy_backup(k, true);
   }
 
   // Receives first (sums sent after their data, then the data), then this rank's sends. The
@@ -881,16 +877,14 @@ struct StateTransfer::Impl::Round {
     backups = pool.group();
     for (size_t k = 0; k < call.np; ++k) {
       if (backup_at[k] == kNone || (*call.pieces)[k].src_rank == call.me) continue;
-      std::atomic<bool>* flag = &backed_up[k];
-      auto piece = pool.group([flag](const Status&) { *flag = true; });
       ++pending[k];  // held until its data receives are posted: its sums alone do not complete it
-      pool.submit(piece, [this, k] {
+      pool.submit(backups, [this, k] {
         if (const double d = engine::backup_delay_s.load(); d > 0)
           std::this_thread::sleep_for(std::chrono::duration<double>(d));
         copy_backup(k, false);
+        backed_up[k] = true;  // after the copy: its receives may be posted now
         return Status::Ok();
       });
-      pool.seal(piece);
     }
     pool.seal(backups);
     post_ready_receives();
@@ -1031,7 +1025,7 @@ struct StateTransfer::Impl::Round {
       std::this_thread::yield();
     }
     for (const auto& g : hash_groups) (void)pool.wait(g);  // they write into call.fresh: done before it goes
-    (void)pool.wait(backups);                              // restore_previous reads them
+    (void)pool.wait(backups);                              // restore_previous reads what they kept
     pool.seal(checks);
     Status checked = pool.wait(checks);
     if (local.ok()) local = checked;
