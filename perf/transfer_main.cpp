@@ -135,29 +135,24 @@ int main(int argc, char** argv) {
       for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
     t["alltoallv_s"].push_back(timed(alltoallv));
     check_dest(-1, 0);
-    if (!source)
-      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
     TransferReport r;
+    // One full transfer into destinations reset to -1, timed under `name`, then checked.
+    auto timed_publish = [&](const char* name, const TransferOptions& o) {
+      if (!source)
+        for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
+      t[name].push_back(timed([&] { r = publish(o); }));
+      check_dest(-1, 0);
+    };
     TransferOptions unverified = full;  // no checksums, received in place
     unverified.verify = false;
-    t["unverified_s"].push_back(timed([&] { r = publish(unverified); }));
-    check_dest(-1, 0);
-    if (!source)
-      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
+    timed_publish("unverified_s", unverified);
     TransferOptions in_place = full;  // checked where received, the overwritten bytes kept aside
     in_place.in_place = true;
-    t["in_place_s"].push_back(timed([&] { r = publish(in_place); }));
-    check_dest(-1, 0);
-    if (!source)
-      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
+    timed_publish("in_place_s", in_place);
     TransferOptions unkept = in_place;  // checked where received, a failure leaves new bytes
     unkept.keep_previous = false;
-    t["in_place_unkept_s"].push_back(timed([&] { r = publish(unkept); }));
-    check_dest(-1, 0);
-    if (!source)
-      for (auto& b : bufs) std::fill(b.begin(), b.end(), -1.0f);
-    t["transfer_s"].push_back(timed([&] { r = publish(full); }));
-    check_dest(-1, 0);
+    timed_publish("in_place_unkept_s", unkept);
+    timed_publish("transfer_s", full);
     {  // where the verified transfer's time goes (slowest rank in each part)
       double parts[4] = {r.plan_s, r.checksum_s, r.exchange_s, r.commit_s}, worst[4];
       MPI_Allreduce(parts, worst, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
