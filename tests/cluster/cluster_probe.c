@@ -123,6 +123,67 @@ static void check_contents(const char* dir, int size, const char* mine) {
   }
 }
 
+/* 2. Transport across nodes: an allreduce over all ranks, one over the node leaders (every message
+ * crosses nodes), and a 1 MiB ring send whose neighbours sit on other nodes at each node's ends. */
+static void check_transport(int size, int nodes, int node_rank, const char* names) {
+  long sum = g_rank, want = (long)size * (size - 1) / 2;
+  MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (sum != want) fail("allreduce of ranks gave %ld, expected %ld", sum, want);
+
+  MPI_Comm leaders;
+  MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, g_rank, &leaders);
+  if (leaders != MPI_COMM_NULL) {
+    int nl, one = 1;
+    MPI_Comm_size(leaders, &nl);
+    MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_INT, MPI_SUM, leaders);
+    if (nl != nodes || one != nodes)
+      fail("node leaders: %d in communicator, allreduce %d, expected %d", nl, one, nodes);
+    MPI_Comm_free(&leaders);
+  }
+
+  unsigned char *out = malloc(RING_BYTES), *in = malloc(RING_BYTES);
+  int next = (g_rank + 1) % size, prev = (g_rank + size - 1) % size;
+  for (int i = 0; i < RING_BYTES; ++i) out[i] = (unsigned char)(g_rank * 31 + i);
+  MPI_Sendrecv(out, RING_BYTES, MPI_BYTE, next, 7, in, RING_BYTES, MPI_BYTE, prev, 7, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
+  for (int i = 0; i < RING_BYTES; ++i)
+    if (in[i] != (unsigned char)(prev * 31 + i)) {
+      fail("ring message from rank %d (%s) corrupt at byte %d", prev, names + (size_t)prev * NAME_LEN, i);
+      break;
+    }
+  free(out);
+  free(in);
+}
+
+/* 3. The node-local directory: what it holds before this job writes (fresh, persisted from the
+ * previous job, or emptied for the lost node), then every rank writes its file and the directory
+ * must hold exactly this node's. */
+static void check_node_local(const char* local, int size, const char* mine, const char* names, int persisted,
+                             const char* lost) {
+  int lost_here = lost && !strcmp(lost, g_name);
+  if (persisted || lost) {
+    check_listing(local, size, mine, lost_here, lost_here ? "before writing (lost node)" : "before writing (persisted)",
+                  names);
+    if (!lost_here) check_contents(local, size, mine);
+  } else {
+    check_listing(local, size, mine, 1, "before writing (fresh node)", names);
+  }
+  MPI_Barrier(MPI_COMM_WORLD); /* everyone has listed before anyone writes */
+  char path[4096];
+  snprintf(path, sizeof path, "%s/rank-%d", local, g_rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("create %s: %s", path, strerror(errno));
+  else {
+    size_t len = strlen(g_name);
+    if (write(fd, g_name, len) != (ssize_t)len || write(fd, "\n", 1) != 1 || fsync(fd) != 0)
+      fail("write %s: %s", path, strerror(errno));
+    close(fd);
+  }
+  MPI_Barrier(MPI_COMM_WORLD); /* every rank has written */
+  check_listing(local, size, mine, 0, "after writing", names);
+  check_contents(local, size, mine);
+}
+
 /* Rank 0 sends mib MiB in 4 MiB messages to rank `to` (another node), which checks every byte and
  * times the whole from a barrier; fails when the rate exceeds at_most_gbit (> 0) by 15 %. */
 static void check_wire(int to, int mib, double at_most_gbit) {
@@ -226,57 +287,10 @@ int main(int argc, char** argv) {
   if (in_node != same) fail("node communicator holds %d of the %d ranks named %s", in_node, same, g_name);
 
   /* 2. transport across nodes */
-  long sum = g_rank, want = (long)size * (size - 1) / 2;
-  MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-  if (sum != want) fail("allreduce of ranks gave %ld, expected %ld", sum, want);
-
-  MPI_Comm leaders;
-  MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, g_rank, &leaders);
-  if (leaders != MPI_COMM_NULL) {
-    int nl, one = 1;
-    MPI_Comm_size(leaders, &nl);
-    MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_INT, MPI_SUM, leaders);
-    if (nl != nodes || one != nodes)
-      fail("node leaders: %d in communicator, allreduce %d, expected %d", nl, one, nodes);
-    MPI_Comm_free(&leaders);
-  }
-
-  unsigned char *out = malloc(RING_BYTES), *in = malloc(RING_BYTES);
-  int next = (g_rank + 1) % size, prev = (g_rank + size - 1) % size;
-  for (int i = 0; i < RING_BYTES; ++i) out[i] = (unsigned char)(g_rank * 31 + i);
-  MPI_Sendrecv(out, RING_BYTES, MPI_BYTE, next, 7, in, RING_BYTES, MPI_BYTE, prev, 7, MPI_COMM_WORLD,
-               MPI_STATUS_IGNORE);
-  for (int i = 0; i < RING_BYTES; ++i)
-    if (in[i] != (unsigned char)(prev * 31 + i)) {
-      fail("ring message from rank %d (%s) corrupt at byte %d", prev, names + (size_t)prev * NAME_LEN, i);
-      break;
-    }
+  check_transport(size, nodes, node_rank, names);
 
   /* 3. node-local storage */
-  if (local) {
-    int lost_here = lost && !strcmp(lost, g_name);
-    if (persisted || lost) {
-      check_listing(local, size, mine, lost_here,
-                    lost_here ? "before writing (lost node)" : "before writing (persisted)", names);
-      if (!lost_here) check_contents(local, size, mine);
-    } else {
-      check_listing(local, size, mine, 1, "before writing (fresh node)", names);
-    }
-    MPI_Barrier(MPI_COMM_WORLD); /* everyone has listed before anyone writes */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/rank-%d", local, g_rank);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) fail("create %s: %s", path, strerror(errno));
-    else {
-      size_t len = strlen(g_name);
-      if (write(fd, g_name, len) != (ssize_t)len || write(fd, "\n", 1) != 1 || fsync(fd) != 0)
-        fail("write %s: %s", path, strerror(errno));
-      close(fd);
-    }
-    MPI_Barrier(MPI_COMM_WORLD); /* every rank has written */
-    check_listing(local, size, mine, 0, "after writing", names);
-    check_contents(local, size, mine);
-  }
+  if (local) check_node_local(local, size, mine, names, persisted, lost);
 
   /* 4. environment */
   for (int i = 0; i < n_set; ++i) {
@@ -309,8 +323,6 @@ int main(int argc, char** argv) {
                        : "");
     fflush(stdout);
   }
-  free(out);
-  free(in);
   free(members);
   free(mine);
   free(names);
