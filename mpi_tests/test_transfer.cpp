@@ -261,6 +261,47 @@ TEST(Transfer, InPlaceKeptPieceCheckedAfterItsData) {
   if (!h.source) EXPECT_EQ(model.count_mismatches(&first), 0) << first;
 }
 
+// The same with a staged piece behind a kept one: rank 0 holds "a" and "b" (f32); the other ranks
+// want "a" in f32 (received in place, kept) and "b" in bf16 (staged, converted after the check).
+// "b"'s receive waits behind "a"'s held-back undo copy while its sums are already in; it too must
+// be checked only once its data is in.
+TEST(Transfer, StagedPieceBehindAKeptOneCheckedAfterItsData) {
+  const int n = world_size(), me = world_rank();
+  if (n < 2) GTEST_SKIP() << "needs pieces from another rank";
+  const Shape shape{64, 256};
+  const int64_t count = 64 * 256;
+  auto value = [](int t, int64_t g) { return static_cast<float>((g * 7 + t * 3) % 1000) * 0.5f; };
+  std::vector<float> a(count), b(count);
+  std::vector<uint16_t> b_bf16(count, 0);
+  StateDict src, dst;
+  if (me == 0) {
+    for (int64_t g = 0; g < count; ++g) {
+      a[g] = value(0, g);
+      b[g] = value(1, g);
+    }
+    src.add("a", DType::kF32, shape, ShardSpec::whole(shape), a.data());
+    src.add("b", DType::kF32, shape, ShardSpec::whole(shape), b.data());
+  } else {
+    dst.add("a", DType::kF32, shape, ShardSpec::whole(shape), a.data());
+    dst.add("b", DType::kBF16, shape, ShardSpec::whole(shape), b_bf16.data());
+  }
+  StateTransfer x(MPI_COMM_WORLD);
+  TransferOptions o;
+  o.in_place = true;
+  o.delta = false;
+  engine::set_transfer_backup_delay_for_testing(0.2);
+  auto r = x.transfer(me == 0 ? &src : nullptr, me == 0 ? nullptr : &dst, o);
+  engine::set_transfer_backup_delay_for_testing(0);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  if (me == 0) return;
+  int64_t bad = 0;
+  for (int64_t g = 0; g < count; ++g) {
+    bad += a[g] != value(0, g);
+    bad += b_bf16[g] != detail::f32_to_bf16(value(1, g));
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // Under memory_bytes the transfer runs in rounds whose staging stays within the bound.
 TEST(Transfer, MemoryBoundRounds) {
   const int n = world_size();

@@ -868,16 +868,19 @@ struct StateTransfer::Impl::Round {
   void post_receives(bool sums_after) {
     for (size_t k = 0; k < call.np && local.ok() && sums_after; ++k) {
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
+      if (!receives(k)) continue;
       call.fresh[k].resize(call.geo[k].blocks);
       post(false, p.src_rank, reinterpret_cast<const char*>(call.fresh[k].data()),
            call.geo[k].blocks * sizeof(uint64_t), kSumTag, static_cast<int64_t>(k));
     }
+    // Every piece this rank receives over MPI is held (one pending count more) until its data
+    // receives are posted: a piece waiting behind an undo copy must not look complete on its sums.
+    for (size_t k = 0; k < call.np; ++k)
+      if (receives_data(k)) ++pending[k];
     detail::WorkPool& pool = call.impl.workers(call.options.threads);
     backups = pool.group();
     for (size_t k = 0; k < call.np; ++k) {
       if (backup_at[k] == kNone || (*call.pieces)[k].src_rank == call.me) continue;
-      ++pending[k];  // held until its data receives are posted: its sums alone do not complete it
       pool.submit(backups, [this, k] {
         if (const double d = engine::backup_delay_s.load(); d > 0)
           std::this_thread::sleep_for(std::chrono::duration<double>(d));
@@ -890,13 +893,20 @@ struct StateTransfer::Impl::Round {
     post_ready_receives();
   }
 
+  // Piece k comes from another rank in this round (over MPI or the device link).
+  bool receives(size_t k) const {
+    const TransferPiece& p = (*call.pieces)[k];
+    return in_round(k) && p.dst_rank == call.me && p.src_rank != call.me;
+  }
+  bool receives_data(size_t k) const { return receives(k) && !call.linked(k); }  // over MPI, counted in pending
+
   // Data receives in piece order (MPI matches one source's messages of a tag in posting order),
   // stopping at a piece whose backup is not done yet; called again as backups finish.
   void post_ready_receives() {
     for (; next_recv < call.np && local.ok() && !waits_for_backup(next_recv); ++next_recv) {
       const size_t k = next_recv;
       const TransferPiece& p = (*call.pieces)[k];
-      if (!in_round(k) || p.dst_rank != call.me || p.src_rank == call.me) continue;
+      if (!receives(k)) continue;
       if (call.linked(k)) {                             // device to device: straight into the destination's run
         char* to = contiguous_in(call.dst_item(p), p);  // pointer arithmetic only: marked by the plan
         for (const Run& r : call.runs[k])
@@ -910,7 +920,7 @@ struct StateTransfer::Impl::Round {
         at += r.end - r.begin;
         if (!local.ok()) break;
       }
-      if (backup_at[k] != kNone) --pending[k];  // the hold of post_receives (data receives now count)
+      --pending[k];  // the hold of post_receives (its data receives count now)
     }
   }
   bool receives_posted() const { return next_recv == call.np || !local.ok(); }
