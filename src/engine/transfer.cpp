@@ -512,6 +512,8 @@ struct StateTransfer::Impl::Call {
 
   const StateItem& src_item(const TransferPiece& p) const { return src->items()[p.src_item]; }
   bool src_device(const TransferPiece& p) const { return src_on_device[p.src_item] != 0; }
+  // Pieces received in place keep the bytes they overwrite, to put back on failure.
+  bool keeps_previous() const { return options.verify && options.in_place && options.keep_previous; }
   bool dst_device(const TransferPiece& p) const { return dst_on_device[p.dst_item] != 0; }
 
   // Once per call, before the first device read: after the caller's work on device_stream.
@@ -823,7 +825,7 @@ struct StateTransfer::Impl::Round {
         stage_at[k] = stage_bytes;
         for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;
       }
-      if (p.dst_rank == me && direct[k] && call.options.verify && call.options.in_place && call.options.keep_previous) {
+      if (p.dst_rank == me && direct[k] && call.keeps_previous()) {
         backup_at[k] = stage_bytes;
         for (const Run& r : call.runs[k]) stage_bytes += r.end - r.begin;
       }
@@ -1132,7 +1134,7 @@ Status StateTransfer::Impl::Call::exchange_round(int round) {
     // In-place pieces get their previous bytes back where they were kept (keep_previous). Earlier
     // rounds committed, or bytes received in place and not kept: no single version is held.
     r.restore_previous();
-    if (round > 0 || (options.in_place && !(options.keep_previous && options.verify))) {
+    if (round > 0 || (options.in_place && !keeps_previous())) {
       impl.have_version = false;
       impl.sums.clear();
     }
