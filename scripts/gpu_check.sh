@@ -46,7 +46,9 @@
 # --cmakedir`) and mpi_tests/python/test_torch_dtensor.py runs under mpirun at PY_RANKS (default
 # "1 2 4") ranks: real DTensors on 2-D meshes saved and loaded into another mesh, CPU and CUDA local
 # tensors, element by element (log: python.log). A missing Python.h, pybind11 or mpi4py shows in
-# configure.log ("Python module not built") and fails this step.
+# configure.log ("Python module not built") and fails this step. Then (DCP_COMPARE=1, the default)
+# perf/compare_dcp.py compares h5ckpt with the machine's torch DCP at DCP_RANKS (4) ranks and DCP_MIB
+# (1024) MiB: its JSON line goes to the summary, its log to dcp.log (about a minute there).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PKGDIR=$ROOT/.devpkgs
@@ -208,6 +210,19 @@ if [[ ${PYTHON_TESTS:-1} == 1 ]]; then
     ((rc == 0)) || failed=1
   done
   grep -E "^(ok|skip|FAIL)|all passed|Error|error" "$LOGS/python.log" | sort | uniq -c | tee -a "$SUMMARY"
+  if [[ ${DCP_COMPARE:-1} == 1 ]]; then
+    # Issue 30's side-by-side with the machine's own torch DCP (DTensor path under torch 2.x): one JSON
+    # line of times and ratios, floors in the same run, every load checked element by element.
+    step "perf: compare_dcp.py at ${DCP_RANKS:-4} ranks, ${DCP_MIB:-1024} MiB"
+    t0=$(date +%s)
+    PYTHONPATH=$BUILD/python OMP_NUM_THREADS=1 timeout -s KILL 300 "${MPIRUN[@]}" -np "${DCP_RANKS:-4}" --timeout 290 \
+      "$PY" "$ROOT/perf/compare_dcp.py" --dir "$BUILD/tmp-dcp" --mib "${DCP_MIB:-1024}" >"$LOGS/dcp.log" 2>&1
+    rc=$?
+    note "compare_dcp.py: exit $rc in $(($(date +%s) - t0)) s (dcp.log)"
+    grep -m1 '^{' "$LOGS/dcp.log" | tee -a "$SUMMARY"
+    ((rc == 0)) || { tail -20 "$LOGS/dcp.log"; failed=1; }
+    rm -rf "$BUILD/tmp-dcp"
+  fi
 fi
 if [[ ${GPU_TESTS:-1} == 1 ]]; then
 step "ctest"
