@@ -48,6 +48,10 @@ class RegionReader {
 
   /// Turns the block checks of read() and read_shard() off (LoadOptions::verify = false).
   void set_verify(bool on) { verify_ = on; }
+  /// Whether runs up to 128 KiB apart are read in one pread, gaps included (set at open: on a
+  /// network file system, where each separate read waits for a round trip; tests set it).
+  void set_network_reads(bool on) { network_ = on; }
+  bool network_reads() const { return network_; }
   bool verify() const { return verify_; }
   /// Bytes read beyond the requested ones to complete verification blocks.
   uint64_t widened_bytes() const { return widened_bytes_; }
@@ -91,6 +95,7 @@ class RegionReader {
   Status read_checked(const TensorInfo& t, const Box& region, const planner::Frame& frame, DType dst_type, void* dst);
   int fd_ = -1;
   bool verify_ = true;
+  bool network_ = false;
   uint64_t widened_bytes_ = 0;
   std::vector<char> verify_buf_;
   CheckSink sink_;
