@@ -286,6 +286,13 @@ TEST_F(VerifyBlocks, NetworkReadsGoThroughGapsAndCheckOnlyTheirRegion) {
   Fixture f(dir_, kRows, kCols, {box(0, 0, kRows, 512), box(0, 512, kRows, 512)}, 16u << 10);
   const Box mine{{0, 0}, {kRows, 512}};
   const uint64_t exact = kRows * 512 * 4, span = ((kRows - 1) * kCols + 512) * 4;
+  {  // a load moves its readers into place: the setting moves with them
+    auto r = storage::RegionReader::open(f.file);
+    ASSERT_TRUE(r.ok());
+    r->set_network_reads(true);
+    storage::RegionReader moved = std::move(r).value();
+    EXPECT_TRUE(moved.network_reads());
+  }
   detail::WorkPool pool(2);
   for (bool network : {false, true})
     for (bool verify : {false, true})

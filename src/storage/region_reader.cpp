@@ -106,6 +106,7 @@ bool RegionReader::holds(uint64_t bytes) {
 RegionReader::RegionReader(RegionReader&& o) noexcept
     : fd_(o.fd_),
       verify_(o.verify_),
+      network_(o.network_),
       widened_bytes_(o.widened_bytes_),
       verify_buf_(std::move(o.verify_buf_)),
       sink_(std::move(o.sink_)),
