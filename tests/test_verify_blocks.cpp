@@ -278,9 +278,10 @@ TEST_F(VerifyBlocks, SameLayoutReadsWidenNothing) {
   for (int64_t i = 0; i < 19 * 50; ++i) ASSERT_EQ(buf[i], value(i));
 }
 
-// On a network file system a TP column shard (runs of 2 KiB, 2 KiB apart) is read in spans,
-// gaps included: far fewer reads, the same values, and the gaps' bytes (another region's) are
-// neither checked against this region's blocks nor delivered. On a local one, run by run.
+// On a network file system a TP column shard (runs of 2 KiB, 2 KiB apart: within pages the client
+// fetches anyway) is read in spans, gaps included: far fewer reads, the same values, and the gaps'
+// bytes (another region's) are neither checked against this region's blocks nor delivered. On a
+// local one, run by run; gaps of a page or more, run by run on both.
 TEST_F(VerifyBlocks, NetworkReadsGoThroughGapsAndCheckOnlyTheirRegion) {
   constexpr int64_t kRows = 96, kCols = 1024;
   Fixture f(dir_, kRows, kCols, {box(0, 0, kRows, 512), box(0, 512, kRows, 512)}, 16u << 10);
@@ -319,6 +320,14 @@ TEST_F(VerifyBlocks, NetworkReadsGoThroughGapsAndCheckOnlyTheirRegion) {
   }
   ASSERT_TRUE(f.read(mine, &wrong, false).ok());  // unverified: delivered, the check is what stops it
   EXPECT_EQ(wrong, 1);
+  // 4 KiB runs 4 KiB apart: a gap that holds a whole page is not read through.
+  fs::create_directories(dir_ + "/wide");
+  Fixture wide(dir_ + "/wide", kRows, 2048, {box(0, 0, kRows, 1024), box(0, 1024, kRows, 1024)}, 16u << 10);
+  wide.network = true;
+  uint64_t read = 0;
+  ASSERT_TRUE(wide.read(Box{{0, 0}, {kRows, 1024}}, &wrong, true, DType::kF32, &pool, &read).ok());
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(read, kRows * 1024 * 4);
 }
 
 namespace {
