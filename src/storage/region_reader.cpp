@@ -328,9 +328,9 @@ Status RegionReader::read_plain(const TensorInfo& t, const Box& region, const pl
     const Run r{static_cast<uint64_t>(t.file_offset) + static_cast<uint64_t>(si) * es, di, n};
     const uint64_t end = r.file_off + static_cast<uint64_t>(n) * es;
     const uint64_t run_bytes = static_cast<uint64_t>(n) * es;
-    const uint64_t max_gap = exact                       ? 0
+    const uint64_t max_gap = exact                        ? 0
                              : run_bytes <= kTinyRunBytes ? kMaxGapForTinyRuns
-                             : network_                  ? kNetworkGapBytes
+                             : network_                   ? kNetworkGapBytes
                                                           : kSmallGapBytes;
     const bool fits = !group.empty() && end - group_start <= kBounceBytes && r.file_off >= group_end &&
                       r.file_off - group_end <= max_gap;
