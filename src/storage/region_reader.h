@@ -48,12 +48,12 @@ class RegionReader {
 
   /// Turns the block checks of read() and read_shard() off (LoadOptions::verify = false).
   void set_verify(bool on) { verify_ = on; }
+  bool verify() const { return verify_; }
   /// Whether runs less than a page (4 KiB) apart are read in one pread, gaps included (set at
   /// open: on a network file system, where each separate read waits for a round trip and the
   /// client fetches whole pages anyway; tests set it).
   void set_network_reads(bool on) { network_ = on; }
   bool network_reads() const { return network_; }
-  bool verify() const { return verify_; }
   /// Bytes read beyond the requested ones to complete verification blocks.
   uint64_t widened_bytes() const { return widened_bytes_; }
 
