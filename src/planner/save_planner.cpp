@@ -158,7 +158,10 @@ struct TensorAcc {
                  [&](uint32_t k) { return hash_of(pool[regions[k]]); });
     const uint64_t bh = box_hash(shard.box);
     const uint32_t box = box_id(shard.box, bh);
-    const auto [begin, end] = flat_span(shard);
+    // Plain variables, not a structured binding: the lambda below captures them (clang 14, which
+    // the fuzz build uses, refuses to capture bindings).
+    const auto span = flat_span(shard);
+    const int64_t begin = span.first, end = span.second;
     const uint32_t flat = shard.flat ? 1 : 0;
     const uint32_t next = static_cast<uint32_t>(regions.size());
     const uint32_t k = find_or_insert_id(slots, region_hash(bh, begin, end), next, [&](uint32_t k) {
