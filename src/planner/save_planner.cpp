@@ -324,6 +324,85 @@ BulkVector<uint32_t> largest_first(const Jobs& jobs) {
   return order;
 }
 
+// Each tensor's plan without its regions, from its first declaration, with its distinct boxes
+// (numbered in the scan: the regions refer to them by that number).
+std::vector<TensorPlan> tensor_heads(const std::vector<TensorAcc>& accs) {
+  std::vector<TensorPlan> heads(accs.size());
+  for (size_t a = 0; a < accs.size(); ++a) {
+    const TensorAcc& acc = accs[a];
+    heads[a] = TensorPlan{acc.first->key, acc.first->dtype, acc.first->global_shape, {}, {}};
+    heads[a].boxes.reserve(acc.boxes.size());
+    for (const TensorAcc::DistinctBox& b : acc.boxes) heads[a].boxes.push_back(*b.box);
+  }
+  return heads;
+}
+
+// A key may not be both a dataset and a group ("a" and "a/b"): looks up every '/' prefix.
+Status check_group_prefixes(const std::vector<TensorAcc>& accs,
+                            const std::unordered_map<std::string_view, uint32_t>& acc_of) {
+  for (const TensorAcc& acc : accs) {
+    const std::string_view key = acc.first->key;
+    for (size_t pos = key.find('/'); pos != std::string_view::npos; pos = key.find('/', pos + 1))
+      if (acc_of.count(key.substr(0, pos)))
+        return Status(ErrorCode::kInvalidArgument, "key '" + std::string(key.substr(0, pos)) +
+                                                       "' is also a group prefix of key '" + std::string(key) + "'");
+  }
+  return Status::Ok();
+}
+
+// The ranks holding each region (by pool id), ascending: counted, then placed (no list per
+// region).
+struct Holders {
+  BulkVector<uint32_t> begin;  // region id -> its first entry in `ranks`; one past the last id at the end
+  BulkVector<int> ranks;
+  int first(uint32_t region) const { return ranks[begin[region]]; }
+};
+constexpr uint32_t kNoRegion = UINT32_MAX;  // an item that holds nothing of its tensor
+
+// `region_of_item`: every rank's items in order, each its region's pool id or kNoRegion.
+Holders list_holders(const std::vector<std::vector<ItemDesc>>& ranks, const BulkVector<uint32_t>& region_of_item,
+                     size_t regions) {
+  Holders h;
+  h.begin.assign(regions + 1, 0);
+  for (uint32_t region : region_of_item)
+    if (region != kNoRegion) ++h.begin[region + 1];
+  std::partial_sum(h.begin.begin(), h.begin.end(), h.begin.begin());
+  h.ranks.resize(h.begin.back());
+  BulkVector<uint32_t> next(h.begin.begin(), h.begin.end() - 1);
+  size_t k = 0;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
+      if (const uint32_t region = region_of_item[k]; region != kNoRegion) h.ranks[next[region]++] = static_cast<int>(r);
+  return h;
+}
+
+// One region of the plan, at its plan position: its bytes and pool id.
+struct WriteJob {
+  int64_t bytes;
+  uint32_t id;
+};
+
+// Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
+// holder (ties to the lowest rank). The order is a counting sort by size: region sizes are few
+// (a TP shard, its ZeRO slices, per tensor shape), so it is linear and keeps plan order within
+// a size, as a stable sort would. Writers are collected by plan position, then stored in one
+// pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
+void assign_writers(const BulkVector<WriteJob>& jobs, const Holders& holders, SavePlan& plan) {
+  const BulkVector<uint32_t> order = largest_first(jobs);
+  BulkVector<int> writer_at(jobs.size());
+  for (uint32_t pos : order) {
+    const WriteJob& j = jobs[pos];
+    int best = holders.first(j.id);
+    for (uint32_t h = holders.begin[j.id]; h < holders.begin[j.id + 1]; ++h)
+      if (plan.bytes_by_rank[holders.ranks[h]] < plan.bytes_by_rank[best]) best = holders.ranks[h];
+    writer_at[pos] = best;
+    plan.bytes_by_rank[best] += static_cast<uint64_t>(j.bytes);
+  }
+  size_t pos = 0;
+  for (TensorPlan& tp : plan.tensors)
+    for (PlannedRegion& reg : tp.regions) reg.writer = writer_at[pos++];
+}
+
 }  // namespace
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
@@ -337,7 +416,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   RegionPool pool;
   pool.reserve(nitems);
   // Per item, its region's pool id (kNone: holds nothing), to list the holders after the scan.
-  constexpr uint32_t kNone = UINT32_MAX;
+  constexpr uint32_t kNone = kNoRegion;
   BulkVector<uint32_t> region_of_item;
   region_of_item.reserve(nitems);
   // Ranks of one pipeline stage list the same keys in the same order, and often the same shards
@@ -405,40 +484,11 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     for (size_t i = ranks[r].size(); i < previous.size(); ++i) previous[i] = {kNone, kNone};
   }
 
-  // A key may not be both a dataset and a group ("a" and "a/b"): look up every '/' prefix.
-  for (const TensorAcc& acc : accs) {
-    const std::string_view key = acc.first->key;
-    for (size_t pos = key.find('/'); pos != std::string_view::npos; pos = key.find('/', pos + 1))
-      if (acc_of.count(key.substr(0, pos)))
-        return Status(ErrorCode::kInvalidArgument, "key '" + std::string(key.substr(0, pos)) +
-                                                       "' is also a group prefix of key '" + std::string(key) + "'");
-  }
-
-  // The ranks holding each region (by pool id), ascending: counted, then placed (no list per
-  // region).
-  BulkVector<uint32_t> holders_begin(pool.size() + 1, 0);
-  for (uint32_t region : region_of_item)
-    if (region != kNone) ++holders_begin[region + 1];
-  std::partial_sum(holders_begin.begin(), holders_begin.end(), holders_begin.begin());
-  BulkVector<int> holders(holders_begin.back());
-  {
-    BulkVector<uint32_t> next(holders_begin.begin(), holders_begin.end() - 1);
-    size_t k = 0;
-    for (size_t r = 0; r < ranks.size(); ++r)
-      for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
-        if (const uint32_t region = region_of_item[k]; region != kNone) holders[next[region]++] = static_cast<int>(r);
-  }
+  H5CKPT_RETURN_IF_ERROR(check_group_prefixes(accs, acc_of));
+  const Holders holders = list_holders(ranks, region_of_item, pool.size());
   region_of_item = {};
 
-  // Each tensor's plan without its regions, from its first declaration, with its distinct boxes
-  // (numbered in the scan: the regions refer to them by that number).
-  std::vector<TensorPlan> heads(accs.size());
-  for (size_t a = 0; a < accs.size(); ++a) {
-    const TensorAcc& acc = accs[a];
-    heads[a] = TensorPlan{acc.first->key, acc.first->dtype, acc.first->global_shape, {}, {}};
-    heads[a].boxes.reserve(acc.boxes.size());
-    for (const TensorAcc::DistinctBox& b : acc.boxes) heads[a].boxes.push_back(*b.box);
-  }
+  std::vector<TensorPlan> heads = tensor_heads(accs);
 
   // Tensors sorted by key: every rank creates the datasets in this order.
   std::vector<uint32_t> by_key(accs.size());
@@ -447,12 +497,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
 
   SavePlan plan;
   plan.bytes_by_rank.assign(ranks.size(), 0);
-  // Each region of the plan in plan order (its position): its pool id and bytes.
-  struct Job {
-    int64_t bytes;
-    uint32_t id;
-  };
-  BulkVector<Job> jobs;
+  BulkVector<WriteJob> jobs;
   jobs.reserve(pool.size());
   plan.tensors.reserve(accs.size());
   CheckScratch scratch;
@@ -461,8 +506,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     const TensorRegions regions{pool, acc.regions};
     TensorPlan& tp = heads[a];
     H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
-        tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders[holders_begin[acc.regions[k]]]; },
-        scratch));
+        tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders.first(acc.regions[k]); }, scratch));
     // The regions into the plan while the check has them in cache: 24 bytes each, from the pool
     // alone (the items are not read again).
     const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
@@ -470,29 +514,12 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     for (size_t k = 0; k < regions.size(); ++k) {
       const UniqueRegion& reg = regions[k];
       tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
-      jobs.push_back(Job{(reg.end - reg.begin) * es, acc.regions[k]});
+      jobs.push_back(WriteJob{(reg.end - reg.begin) * es, acc.regions[k]});
     }
     plan.tensors.push_back(std::move(tp));
   }
 
-  // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
-  // holder (ties to the lowest rank). The order is a counting sort by size: region sizes are few
-  // (a TP shard, its ZeRO slices, per tensor shape), so it is linear and keeps plan order within
-  // a size, as a stable sort would. Writers are collected by plan position, then stored in one
-  // pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
-  const BulkVector<uint32_t> order = largest_first(jobs);
-  BulkVector<int> writer_at(jobs.size());
-  for (uint32_t pos : order) {
-    const Job& j = jobs[pos];
-    int best = holders[holders_begin[j.id]];
-    for (uint32_t h = holders_begin[j.id]; h < holders_begin[j.id + 1]; ++h)
-      if (plan.bytes_by_rank[holders[h]] < plan.bytes_by_rank[best]) best = holders[h];
-    writer_at[pos] = best;
-    plan.bytes_by_rank[best] += static_cast<uint64_t>(j.bytes);
-  }
-  size_t pos = 0;
-  for (TensorPlan& tp : plan.tensors)
-    for (PlannedRegion& reg : tp.regions) reg.writer = writer_at[pos++];
+  assign_writers(jobs, holders, plan);
   return plan;
 }
 
