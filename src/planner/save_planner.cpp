@@ -357,22 +357,22 @@ struct Holders {
   BulkVector<int> ranks;
   int first(uint32_t region) const { return ranks[begin[region]]; }
 };
-constexpr uint32_t kNoRegion = UINT32_MAX;  // an item that holds nothing of its tensor
+constexpr uint32_t kNone = UINT32_MAX;  // no tensor; an item that holds nothing of its tensor
 
-// `region_of_item`: every rank's items in order, each its region's pool id or kNoRegion.
+// `region_of_item`: every rank's items in order, each its region's pool id or kNone.
 Holders list_holders(const std::vector<std::vector<ItemDesc>>& ranks, const BulkVector<uint32_t>& region_of_item,
                      size_t regions) {
   Holders h;
   h.begin.assign(regions + 1, 0);
   for (uint32_t region : region_of_item)
-    if (region != kNoRegion) ++h.begin[region + 1];
+    if (region != kNone) ++h.begin[region + 1];
   std::partial_sum(h.begin.begin(), h.begin.end(), h.begin.begin());
   h.ranks.resize(h.begin.back());
   BulkVector<uint32_t> next(h.begin.begin(), h.begin.end() - 1);
   size_t k = 0;
   for (size_t r = 0; r < ranks.size(); ++r)
     for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
-      if (const uint32_t region = region_of_item[k]; region != kNoRegion) h.ranks[next[region]++] = static_cast<int>(r);
+      if (const uint32_t region = region_of_item[k]; region != kNone) h.ranks[next[region]++] = static_cast<int>(r);
   return h;
 }
 
@@ -416,7 +416,6 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   RegionPool pool;
   pool.reserve(nitems);
   // Per item, its region's pool id (kNone: holds nothing), to list the holders after the scan.
-  constexpr uint32_t kNone = kNoRegion;
   BulkVector<uint32_t> region_of_item;
   region_of_item.reserve(nitems);
   // Ranks of one pipeline stage list the same keys in the same order, and often the same shards

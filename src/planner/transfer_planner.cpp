@@ -172,7 +172,7 @@ Status add_candidates(const SourceKey& k, const TransferWant& w, int r, int i, u
 
 // Senders: the destination itself when it holds the shard, else worst-fit by bytes over the
 // holders, largest pieces first.
-std::vector<Holder> choose_senders(const std::vector<Candidate>& cands, TransferPlan& plan) {
+std::vector<Holder> choose_senders(const std::vector<Candidate>& cands, std::vector<uint64_t>& sent_by_rank) {
   std::vector<size_t> by_size(cands.size());
   std::iota(by_size.begin(), by_size.end(), size_t{0});
   std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return cands[a].bytes > cands[b].bytes; });
@@ -188,9 +188,9 @@ std::vector<Holder> choose_senders(const std::vector<Candidate>& cands, Transfer
       }
     if (!pick)
       for (const Holder& h : holders)
-        if (!pick || plan.sent_by_rank[h.rank] < plan.sent_by_rank[pick->rank]) pick = &h;
+        if (!pick || sent_by_rank[h.rank] < sent_by_rank[pick->rank]) pick = &h;
     sender[c] = *pick;
-    plan.sent_by_rank[pick->rank] += cand.bytes;
+    sent_by_rank[pick->rank] += cand.bytes;
   }
   return sender;
 }
@@ -259,7 +259,7 @@ Result<TransferPlan> plan_transfer(const std::vector<std::vector<ItemDesc>>& sou
   }
 
   plan.sent_by_rank.assign(world, 0);
-  const std::vector<Holder> sender = choose_senders(cands, plan);
+  const std::vector<Holder> sender = choose_senders(cands, plan.sent_by_rank);
   std::vector<std::vector<uint64_t>> fill(world);
   plan.pieces.reserve(cands.size());
   for (size_t c = 0; c < cands.size(); ++c) {
