@@ -153,6 +153,181 @@ std::string step_dir(const std::string& root, int64_t step) {
 
 // ---- training ------------------------------------------------------------------------------
 
+// A model too large for this rank's memory throws while its buffers are sized (no collective
+// runs in there); every rank learns of it and returns null instead of aborting.
+std::unique_ptr<Workload> build_workload(const Options& o, const Topology& topo) {
+  std::unique_ptr<Workload> built;
+  Status mem;
+  try {
+    built = std::make_unique<Workload>(o.cfg, topo);
+  } catch (const std::bad_alloc&) {
+    mem = Status(ErrorCode::kInvalidArgument, "out of memory building the model (layout " + o.cfg.layout_tag() +
+                                                  "): use a smaller model or more ranks");
+  } catch (const std::length_error&) {
+    mem = Status(ErrorCode::kInvalidArgument, "the model's shards exceed the largest possible buffer");
+  }
+  if (!all_ok(mem, "building the model")) return nullptr;
+  return built;
+}
+
+// Loads the checkpoint found (collectively) and reports it.
+bool load_found(const Options& o, int world, Checkpointer& ck, Workload& w, const CheckpointInfo& info) {
+  StateDict sd;
+  if (!all_ok(w.stage_load(sd, info), "preparing the load")) return false;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double t0 = now_s();
+  auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
+  if (!all_ok(rep.status(), "load")) return false;
+  if (!all_ok(w.finish_load(), "restoring loader/extra state")) return false;
+  double secs = max_over_ranks(now_s() - t0);
+  uint64_t bytes = sum_over_ranks(rep->bytes_read);
+  int restored = w.rng_restored() ? 1 : 0, n_restored = 0;
+  MPI_Allreduce(&restored, &n_restored, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  say(o,
+      "resumed %s at step %" PRId64
+      " (saved as tp%d.pp%d.dp%d%s) as %s: %.1f MB read in %.3f s; "
+      "RNG restored on %d/%d ranks, derived on the others",
+      rep->path.c_str(), w.global_step(), info.saved_sizes.tp, info.saved_sizes.pp, info.saved_sizes.dp,
+      ((info.saved_sizes.cp != 1 ? ".cp" + std::to_string(info.saved_sizes.cp) : std::string()) +
+       (info.saved_sizes.ep != 1 ? ".ep" + std::to_string(info.saved_sizes.ep) : std::string()))
+          .c_str(),
+      o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
+  int io_threads = 0;
+  MPI_Allreduce(&rep->io_threads, &io_threads, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  append_report(o, "load", w.global_step(), secs, bytes, rep->path, io_threads);
+  return true;
+}
+
+// Resumes from --ckpt-dir's newest checkpoint, or starts from step 0 where there is none (or,
+// with --start-fresh, where none validates). False after an agreed, printed error.
+bool resume(const Options& o, int world, Checkpointer& ck, Workload& w) {
+  Status mk;
+  if (g_rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.ckpt_dir, ec);
+    if (ec) mk = Status(ErrorCode::kIo, "cannot create '" + o.ckpt_dir + "': " + ec.message());
+  }
+  if (!all_ok(mk, "creating the checkpoint directory")) return false;
+  // With a local level the newest servable checkpoint may be node-local (resolve is collective).
+  Result<CheckpointInfo> info = Status(ErrorCode::kNotFound, "");
+  if (!o.ck.checkpointer.local_dir.empty()) {
+    auto r = ck.resolve(o.ckpt_dir);
+    info = r.ok() ? Result<CheckpointInfo>(r->info) : Result<CheckpointInfo>(r.status());
+    if (r.ok()) say(o, "resuming from the %s level: %s", r->level.c_str(), r->reason.c_str());
+  } else {
+    info = read_checkpoint_info(o.ckpt_dir);
+  }
+  // 0: resume; 1: the directory is empty (start fresh); 2: it holds checkpoints of which none
+  // validates (or reading failed otherwise): an error, unless --start-fresh says to train from
+  // step 0 anyway; the saves then never overwrite what could not be read.
+  int code = info.ok() ? 0 : info.status().code() == ErrorCode::kNotFound ? 1 : 2;
+  int lo = 0, hi = 0;
+  MPI_Allreduce(&code, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&code, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const bool fresh_over_damage = hi == 2 && lo == 2 && o.start_fresh;
+  if ((hi == 2 || lo != hi) && !fresh_over_damage) {
+    all_ok(code == 0 ? Status::Ok() : info.status(),
+           "reading checkpoint '" + o.ckpt_dir + "'" +
+               (hi == 2 && lo == 2 ? " (nothing was changed; --start-fresh trains from step 0 and keeps them)" : ""));
+    return false;
+  }
+  if (fresh_over_damage) {
+    say(o, "no checkpoint in '%s' validates (%s); --start-fresh: starting from step 0, keeping them",
+        o.ckpt_dir.c_str(), info.status().message().c_str());
+  } else if (code == 0) {
+    if (!load_found(o, world, ck, w, *info)) return false;
+  } else {
+    say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
+  }
+  // Steps past the one this run starts from (a resume from an older level after a lost local
+  // checkpoint, or from 0 before any checkpoint) are re-run: the ledger says so.
+  Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
+                      ? mark_resume(o.ledger, w.global_step())
+                      : Status::Ok();
+  return all_ok(marked, "marking the resume in the ledger");
+}
+
+// The training loop's saves. An asynchronous save in flight is reported once committed (before
+// the next save or at the end), and its ledger rows written with it.
+class Saver {
+ public:
+  Saver(const Options& o, Checkpointer& ck) : o_(o), ck_(ck) {}
+
+  bool finish_pending() {
+    if (!pending_) return true;
+    Pending p = std::move(*pending_);
+    pending_.reset();
+    auto rep = p.handle.wait();
+    if (!all_ok(rep.status(), "save at step " + std::to_string(p.step))) return false;
+    const double secs = max_over_ranks(rep->total_s);
+    say(o_, "saved step %" PRId64 " -> %s%s%s: %.1f MB in %.3f s (async; training blocked %.3f s)", p.step,
+        rep->path.c_str(), rep->persisted.empty() ? "" : " and ", rep->persisted.c_str(), rep->bytes_total / 1e6, secs,
+        p.blocked_s);
+    append_report(o_, "save", p.step, secs, rep->bytes_total, rep->path);
+    return o_.ledger.empty() || all_ok(p.rows.flush(MPI_COMM_WORLD, o_.ledger), "writing the ledger");
+  }
+
+  // Saves step `step`; `ledger` holds the rows consumed since the last save and is emptied.
+  bool save(Workload& w, int64_t step, Ledger& ledger) {
+    StateDict sd;
+    w.stage_save(sd);
+    SaveOptions so = o_.ck.save;
+    so.step = step;
+    // A step directory past the one this run resumed from was committed by a run that died
+    // before `latest` named it: this run's timeline replaces it (else every restart would fail).
+    so.overwrite = true;
+    // The ledger's rows go out before the save: once a checkpoint may be selected at a restart
+    // (a local one can be, before this rank hears of its commit), what it consumed is on
+    // record; a resume from an older checkpoint marks the rows it re-runs (mark_resume).
+    if (!o_.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o_.ledger), "writing the ledger")) return false;
+    if (!all_ok(keep_unreadable(step), "save at step " + std::to_string(step))) return false;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t1 = now_s();
+    const std::string dir = step_dir(o_.ckpt_dir, step);
+    if (o_.ck.checkpointer.async) {
+      // Report the previous save first: save_async would wait for it anyway.
+      if (!finish_pending()) return false;
+      auto h = ck_.save_async(sd, dir, so);
+      if (!all_ok(h.status(), "save at step " + std::to_string(step))) return false;
+      pending_ = Pending{*h, step, max_over_ranks(now_s() - t1), std::move(ledger)};
+      ledger = Ledger{};
+      return true;
+    }
+    auto rep = ck_.save(sd, dir, so);
+    if (!all_ok(rep.status(), "save at step " + std::to_string(step))) return false;
+    double secs = max_over_ranks(now_s() - t1);
+    say(o_, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s", step, rep->path.c_str(), rep->bytes_total / 1e6, secs);
+    append_report(o_, "save", step, secs, rep->bytes_total, rep->path);
+    return true;
+  }
+
+ private:
+  struct Pending {
+    SaveHandle handle;
+    int64_t step = 0;
+    double blocked_s = 0;
+    Ledger rows;  // empty: the rows were written before the save started
+  };
+
+  // ... but never overwrite one that cannot be read: a damaged checkpoint is the evidence of what
+  // went wrong, and overwriting it would lose it. Rank 0 checks; the caller agrees on the result.
+  Status keep_unreadable(int64_t step) const {
+    if (g_rank != 0) return Status::Ok();
+    const std::string target = step_dir(o_.ckpt_dir, step);
+    std::error_code ec;
+    if (!std::filesystem::exists(target, ec)) return Status::Ok();
+    auto old = read_checkpoint_info(target);
+    if (old.ok()) return Status::Ok();
+    return Status(ErrorCode::kAlreadyExists, "refusing to overwrite '" + target + "', which could not be read (" +
+                                                 old.status().message() +
+                                                 "); it is kept as evidence: move it away to go on");
+  }
+
+  const Options& o_;
+  Checkpointer& ck_;
+  std::optional<Pending> pending_;
+};
+
 int train(Options& o, int world) {
   const Status valid = o.cfg.validate(world);
   if (!valid.ok()) {
@@ -162,19 +337,8 @@ int train(Options& o, int world) {
   auto topo = Topology::create(MPI_COMM_WORLD, o.cfg.sizes);
   if (!all_ok(topo.status(), "topology")) return 1;
   const RankCoords me = topo->coords();
-  // A model too large for this rank's memory throws while its buffers are sized (no collective
-  // runs in there); every rank learns of it and exits with an error instead of an abort.
-  std::unique_ptr<Workload> built;
-  Status mem;
-  try {
-    built = std::make_unique<Workload>(o.cfg, *topo);
-  } catch (const std::bad_alloc&) {
-    mem = Status(ErrorCode::kInvalidArgument, "out of memory building the model (layout " + o.cfg.layout_tag() +
-                                                  "): use a smaller model or more ranks");
-  } catch (const std::length_error&) {
-    mem = Status(ErrorCode::kInvalidArgument, "the model's shards exceed the largest possible buffer");
-  }
-  if (!all_ok(mem, "building the model")) return 1;
+  std::unique_ptr<Workload> built = build_workload(o, *topo);
+  if (!built) return 1;
   Workload& w = *built;
   Checkpointer ck(*topo, o.ck.checkpointer);
   ck.set_attribute("trainer.layout", o.cfg.layout_tag());
@@ -182,104 +346,14 @@ int train(Options& o, int world) {
   Ledger ledger;
   // One ledger row set per DP rank: its TP, PP and CP ranks consume the same data.
   const bool record = !o.ledger.empty() && me.tp == 0 && me.pp == 0 && me.cp == 0;
-
-  if (!o.ckpt_dir.empty()) {
-    Status mk;
-    if (g_rank == 0) {
-      std::error_code ec;
-      std::filesystem::create_directories(o.ckpt_dir, ec);
-      if (ec) mk = Status(ErrorCode::kIo, "cannot create '" + o.ckpt_dir + "': " + ec.message());
-    }
-    if (!all_ok(mk, "creating the checkpoint directory")) return 1;
-    // With a local level the newest servable checkpoint may be node-local (resolve is collective).
-    Result<CheckpointInfo> info = Status(ErrorCode::kNotFound, "");
-    if (!o.ck.checkpointer.local_dir.empty()) {
-      auto r = ck.resolve(o.ckpt_dir);
-      info = r.ok() ? Result<CheckpointInfo>(r->info) : Result<CheckpointInfo>(r.status());
-      if (r.ok()) say(o, "resuming from the %s level: %s", r->level.c_str(), r->reason.c_str());
-    } else {
-      info = read_checkpoint_info(o.ckpt_dir);
-    }
-    // 0: resume; 1: the directory is empty (start fresh); 2: it holds checkpoints of which none
-    // validates (or reading failed otherwise): an error, unless --start-fresh says to train from
-    // step 0 anyway; the saves below then never overwrite what could not be read.
-    int code = info.ok() ? 0 : info.status().code() == ErrorCode::kNotFound ? 1 : 2;
-    int lo = 0, hi = 0;
-    MPI_Allreduce(&code, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&code, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    const bool fresh_over_damage = hi == 2 && lo == 2 && o.start_fresh;
-    if ((hi == 2 || lo != hi) && !fresh_over_damage) {
-      all_ok(code == 0 ? Status::Ok() : info.status(),
-             "reading checkpoint '" + o.ckpt_dir + "'" +
-                 (hi == 2 && lo == 2 ? " (nothing was changed; --start-fresh trains from step 0 and keeps them)" : ""));
-      return 1;
-    }
-    if (fresh_over_damage) {
-      say(o, "no checkpoint in '%s' validates (%s); --start-fresh: starting from step 0, keeping them",
-          o.ckpt_dir.c_str(), info.status().message().c_str());
-      code = 1;
-    }
-    if (code == 0) {
-      StateDict sd;
-      if (!all_ok(w.stage_load(sd, *info), "preparing the load")) return 1;
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = now_s();
-      auto rep = ck.load(sd, o.ckpt_dir, o.ck.load);
-      if (!all_ok(rep.status(), "load")) return 1;
-      if (!all_ok(w.finish_load(), "restoring loader/extra state")) return 1;
-      double secs = max_over_ranks(now_s() - t0);
-      uint64_t bytes = sum_over_ranks(rep->bytes_read);
-      int restored = w.rng_restored() ? 1 : 0, n_restored = 0;
-      MPI_Allreduce(&restored, &n_restored, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-      say(o,
-          "resumed %s at step %" PRId64
-          " (saved as tp%d.pp%d.dp%d%s) as %s: %.1f MB read in %.3f s; "
-          "RNG restored on %d/%d ranks, derived on the others",
-          rep->path.c_str(), w.global_step(), info->saved_sizes.tp, info->saved_sizes.pp, info->saved_sizes.dp,
-          ((info->saved_sizes.cp != 1 ? ".cp" + std::to_string(info->saved_sizes.cp) : std::string()) +
-           (info->saved_sizes.ep != 1 ? ".ep" + std::to_string(info->saved_sizes.ep) : std::string()))
-              .c_str(),
-          o.cfg.layout_tag().c_str(), bytes / 1e6, secs, n_restored, world);
-      int io_threads = 0;
-      MPI_Allreduce(&rep->io_threads, &io_threads, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      append_report(o, "load", w.global_step(), secs, bytes, rep->path, io_threads);
-    } else if (!fresh_over_damage) {
-      say(o, "no checkpoint in '%s': starting from step 0", o.ckpt_dir.c_str());
-    }
-    // Steps past the one this run starts from (a resume from an older level after a lost local
-    // checkpoint, or from 0 before any checkpoint) are re-run: the ledger says so.
-    Status marked = g_rank == 0 && !o.ledger.empty() && std::filesystem::exists(o.ledger)
-                        ? mark_resume(o.ledger, w.global_step())
-                        : Status::Ok();
-    if (!all_ok(marked, "marking the resume in the ledger")) return 1;
-  }
+  if (!o.ckpt_dir.empty() && !resume(o, world, ck, w)) return 1;
 
   const uint64_t state_bytes = sum_over_ranks(w.local_state_bytes());
   say(o, "layout %s, world %d, %.1f MB of model+optimizer state over all ranks, training to step %" PRId64,
       o.cfg.layout_tag().c_str(), world, state_bytes / 1e6, o.steps);
   double train_s = 0;
   int64_t trained = 0;
-  // An asynchronous save in flight: reported once committed (before the next save or at the end).
-  struct Pending {
-    SaveHandle handle;
-    int64_t step = 0;
-    double blocked_s = 0;
-    Ledger rows;  // empty: the rows were written before the save started
-  };
-  std::optional<Pending> pending;
-  auto finish_pending = [&]() -> bool {
-    if (!pending) return true;
-    Pending p = std::move(*pending);
-    pending.reset();
-    auto rep = p.handle.wait();
-    if (!all_ok(rep.status(), "save at step " + std::to_string(p.step))) return false;
-    const double secs = max_over_ranks(rep->total_s);
-    say(o, "saved step %" PRId64 " -> %s%s%s: %.1f MB in %.3f s (async; training blocked %.3f s)", p.step,
-        rep->path.c_str(), rep->persisted.empty() ? "" : " and ", rep->persisted.c_str(), rep->bytes_total / 1e6, secs,
-        p.blocked_s);
-    append_report(o, "save", p.step, secs, rep->bytes_total, rep->path);
-    return o.ledger.empty() || all_ok(p.rows.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger");
-  };
+  Saver saver(o, ck);
   bool stopped = false;
   for (int64_t step = w.global_step() + 1; step <= o.steps; ++step) {
     double t0 = now_s();
@@ -290,52 +364,10 @@ int train(Options& o, int world) {
     if (record) ledger.record(step, me.dp, pieces);
     stopped = stop_requested();
     bool save = !o.ckpt_dir.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps || stopped);
-    if (save) {
-      StateDict sd;
-      w.stage_save(sd);
-      SaveOptions so = o.ck.save;
-      so.step = step;
-      // A step directory past the one this run resumed from was committed by a run that died
-      // before `latest` named it: this run's timeline replaces it (else every restart would fail).
-      so.overwrite = true;
-      // The ledger's rows go out before the save: once a checkpoint may be selected at a restart
-      // (a local one can be, before this rank hears of its commit), what it consumed is on
-      // record; a resume from an older checkpoint marks the rows it re-runs (mark_resume).
-      if (!o.ledger.empty() && !all_ok(ledger.flush(MPI_COMM_WORLD, o.ledger), "writing the ledger")) return 1;
-      // ... but never one that cannot be read: a damaged checkpoint is the evidence of what went
-      // wrong, and overwriting it would lose it.
-      Status keep;
-      if (g_rank == 0) {
-        const std::string target = step_dir(o.ckpt_dir, step);
-        std::error_code ec;
-        if (std::filesystem::exists(target, ec))
-          if (auto old = read_checkpoint_info(target); !old.ok())
-            keep = Status(ErrorCode::kAlreadyExists, "refusing to overwrite '" + target +
-                                                         "', which could not be read (" + old.status().message() +
-                                                         "); it is kept as evidence: move it away to go on");
-      }
-      if (!all_ok(keep, "save at step " + std::to_string(step))) return 1;
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t1 = now_s();
-      if (o.ck.checkpointer.async) {
-        // Report the previous save first: save_async would wait for it anyway.
-        if (!finish_pending()) return 1;
-        auto h = ck.save_async(sd, step_dir(o.ckpt_dir, step), so);
-        if (!all_ok(h.status(), "save at step " + std::to_string(step))) return 1;
-        pending = Pending{*h, step, max_over_ranks(now_s() - t1), std::move(ledger)};
-        ledger = Ledger{};
-      } else {
-        auto rep = ck.save(sd, step_dir(o.ckpt_dir, step), so);
-        if (!all_ok(rep.status(), "save at step " + std::to_string(step))) return 1;
-        double secs = max_over_ranks(now_s() - t1);
-        say(o, "saved step %" PRId64 " -> %s: %.1f MB in %.3f s", step, rep->path.c_str(), rep->bytes_total / 1e6,
-            secs);
-        append_report(o, "save", step, secs, rep->bytes_total, rep->path);
-      }
-    }
+    if (save && !saver.save(w, step, ledger)) return 1;
     if (stopped) break;
   }
-  if (!finish_pending()) return 1;
+  if (!saver.finish_pending()) return 1;
   if (stopped)
     say(o, "stop requested (SIGUSR1) at step %" PRId64 ": %s", w.global_step(),
         o.ckpt_dir.empty() ? "no --ckpt-dir, nothing saved" : "checkpoint committed, stopping early");
@@ -480,23 +512,10 @@ int compare(Options& o, int world) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-
-  Options o;
+// The command line, into `o` (CLI11 keeps references to its fields).
+void add_options(CLI::App& app, Options& o) {
   auto& c = o.cfg;
   auto& m = c.model;
-  CLI::App app{
-      "Synthetic GPT trainer for h5ckpt: Megatron-style TP/PP/DP layouts, elementwise Adam, "
-      "a data loader with token buffers; checkpoints with h5ckpt and resumes bit-exactly under "
-      "any layout. Launch with mpiexec -n tp*pp*dp.",
-      "h5ckpt-train"};
   // A later occurrence of an option overrides an earlier one (scripts append overrides).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--tp", c.sizes.tp, "tensor-parallel size")->capture_default_str();
@@ -570,6 +589,45 @@ int main(int argc, char** argv) {
   app.add_option("--config", o.config_file,
                  "h5ckpt settings (TOML, see config/h5ckpt.toml); default $H5CKPT_CONFIG; H5CKPT_* "
                  "environment variables override the file");
+}
+
+// Settings from the file and environment, then the flags that override them. Every rank reads the
+// same file and environment, so all agree on the outcome.
+Status resolve_settings(Options& o) {
+  o.cfg.model.dtype = o.dtype == "f32" ? DType::kF32 : DType::kBF16;
+  auto resolved = resolve_config(o.config_file);
+  if (!resolved.ok()) return resolved.status();
+  o.ck = std::move(resolved).value();
+  if (o.keep_last >= 0) o.ck.checkpointer.keep_last = o.keep_last;  // flags override file and environment
+  if (o.keep_every >= 0) o.ck.checkpointer.keep_every = o.keep_every;
+  if (o.timeout_s >= 0) o.ck.checkpointer.timeout_s = o.timeout_s;
+  if (!o.local_dir.empty()) o.ck.checkpointer.local_dir = o.local_dir;
+  if (o.persist_every >= 0) o.ck.checkpointer.persist_every = o.persist_every;
+  if (o.local_replicas >= 0) o.ck.checkpointer.local_replicas = static_cast<int>(o.local_replicas);
+  if (!o.memory_bytes.empty()) {
+    auto bytes = parse_byte_size(o.memory_bytes);
+    if (!bytes.ok()) return Status(bytes.status().code(), "--memory-bytes: " + bytes.status().message());
+    o.ck.checkpointer.memory_bytes = *bytes;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+
+  Options o;
+  CLI::App app{
+      "Synthetic GPT trainer for h5ckpt: Megatron-style TP/PP/DP layouts, elementwise Adam, "
+      "a data loader with token buffers; checkpoints with h5ckpt and resumes bit-exactly under "
+      "any layout. Launch with mpiexec -n tp*pp*dp.",
+      "h5ckpt-train"};
+  add_options(app, o);
   int rc = 0;
   try {
     app.parse(argc, argv);
@@ -580,29 +638,10 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return rc;
   }
-  m.dtype = o.dtype == "f32" ? DType::kF32 : DType::kBF16;
-  // Every rank reads the same file and environment, so all agree on the outcome.
-  auto resolved = resolve_config(o.config_file);
-  if (!resolved.ok()) {
-    error(resolved.status().message());
+  if (const Status st = resolve_settings(o); !st.ok()) {
+    error(st.message());
     MPI_Finalize();
     return 2;
-  }
-  o.ck = std::move(resolved).value();
-  if (o.keep_last >= 0) o.ck.checkpointer.keep_last = o.keep_last;  // flags override file and environment
-  if (o.keep_every >= 0) o.ck.checkpointer.keep_every = o.keep_every;
-  if (o.timeout_s >= 0) o.ck.checkpointer.timeout_s = o.timeout_s;
-  if (!o.local_dir.empty()) o.ck.checkpointer.local_dir = o.local_dir;
-  if (o.persist_every >= 0) o.ck.checkpointer.persist_every = o.persist_every;
-  if (o.local_replicas >= 0) o.ck.checkpointer.local_replicas = static_cast<int>(o.local_replicas);
-  if (!o.memory_bytes.empty()) {
-    auto bytes = parse_byte_size(o.memory_bytes);
-    if (!bytes.ok()) {
-      error("--memory-bytes: " + bytes.status().message());
-      MPI_Finalize();
-      return 2;
-    }
-    o.ck.checkpointer.memory_bytes = *bytes;
   }
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
