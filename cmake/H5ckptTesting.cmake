@@ -8,6 +8,9 @@ if(_h5ckpt_uid STREQUAL "0")
   list(APPEND H5CKPT_MPIEXEC_PREFLAGS --allow-run-as-root)
 endif()
 set(H5CKPT_MPI_TEST_RANKS 1 2 4 8 CACHE STRING "Rank counts every MPI test runs at")
+# Sanitizer builds run several times slower (scripts/sanitize.sh sets 5): every helper-registered
+# test's deadline is multiplied by this factor.
+set(H5CKPT_TEST_TIMEOUT_SCALE 1 CACHE STRING "Factor on the timeouts of tests registered by these helpers")
 
 # h5ckpt_add_mpi_test(<target> [RANKS n...] [LABELS l...] [TIMEOUT s] [ARGS a...])
 # Registers <target>_np<n> for each rank count; mpiexec --timeout ends a hang.
@@ -19,6 +22,7 @@ function(h5ckpt_add_mpi_test target)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  math(EXPR T_TIMEOUT "${T_TIMEOUT} * ${H5CKPT_TEST_TIMEOUT_SCALE}")
   math(EXPR _mpi_timeout "${T_TIMEOUT} - 10")
   foreach(n IN LISTS T_RANKS)
     add_test(NAME ${target}_np${n}
@@ -36,6 +40,7 @@ function(h5ckpt_add_unit_test target)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
+  math(EXPR T_TIMEOUT "${T_TIMEOUT} * ${H5CKPT_TEST_TIMEOUT_SCALE}")
   add_test(NAME ${target} COMMAND $<TARGET_FILE:${target}>)
   set_tests_properties(${target} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}")
 endfunction()
