@@ -61,14 +61,13 @@ void expected_value(const std::string& key, DType dtype, int64_t flat, void* out
 
 int64_t global_flat_index(const ShardSpec& shard, const Shape& shape, int64_t j) {
   int64_t within = j + (shard.flat ? shard.flat->first : 0);  // index in the box's flattening
-  const size_t n = shape.size();
-  Shape coords(n);
-  for (size_t d = n; d-- > 0;) {
-    coords[d] = shard.box.offset[d] + within % shard.box.shape[d];
+  // Innermost dimension first, no allocation: tests call this once per element of every shard.
+  int64_t flat = 0, stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    flat += (shard.box.offset[d] + within % shard.box.shape[d]) * stride;
     within /= shard.box.shape[d];
+    stride *= shape[d];
   }
-  int64_t flat = 0;
-  for (size_t d = 0; d < n; ++d) flat = flat * shape[d] + coords[d];
   return flat;
 }
 
