@@ -39,8 +39,9 @@ if [ "$MODE" = asan ]; then
   MPI_TESTS="^(($(alt $MPI_BINS))_np[12](_rpn[01])?|(test_v1_fixture|corpus_load|corpus_hints)_np[12])\$"
   UNIT_TESTS="^($(alt $UNIT_BINS))\$"
 else
-  TARGETS="test_async test_helper_threads test_transfer test_reshard test_zero_redundancy test_local_level test_work_pool test_stream_copy"
-  MPI_TESTS="^((test_async|test_helper_threads|test_transfer|test_reshard|test_zero_redundancy)_np[12]|test_local_level_np[12]_rpn[01])\$"
+  THREADED="test_async test_helper_threads test_transfer test_reshard test_zero_redundancy"
+  TARGETS="$THREADED test_local_level test_work_pool test_stream_copy"
+  MPI_TESTS="^(($(alt $THREADED))_np[12]|test_local_level_np[12]_rpn[01])\$"
   UNIT_TESTS="^(test_work_pool|test_stream_copy)\$"
 fi
 [ -n "${H5CKPT_SANITIZE_NO_BUILD:-}" ] || nice cmake --build "$BUILD" -j "${H5CKPT_SANITIZE_JOBS:-2}" --target $TARGETS
