@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,6 +25,7 @@
 
 #include "bench_support.h"
 #include "device/staging.h"
+#include "storage/verify_blocks.h"
 #include "h5ckpt/config.h"
 #include "h5ckpt/h5ckpt.hpp"
 #include "workload.h"
@@ -371,6 +373,7 @@ int main(int argc, char** argv) {
   auto first = check(ck.save(save_sd, dir + "/warm", config.save), "first save");
   const double plan_first = max_all(first.plan_s);
   const uint64_t my_bytes = first.bytes_written;
+  const double most_bytes = max_all(static_cast<double>(my_bytes));  // the checksum rates' bytes
   const uint64_t total_bytes = first.bytes_total;
   auto warm_async = check(ck.save_async(save_sd, dir + "/warm-async", config.save), "warm-up save_async");
   check(warm_async.wait(), "warm-up save_async");
@@ -456,6 +459,31 @@ int main(int argc, char** argv) {
         copiers.emplace_back([&, b, e] { std::memcpy(copy.data() + b, raw.data() + b, e - b); });
       }
       for (auto& c : copiers) c.join();
+    }));
+    // The block sums of the same bytes on one thread, as a save computes them and a verified load
+    // checks them (1 MiB blocks; the keyed MAC when authenticated), and the same with libxxhash's
+    // plain entry point, which is built for baseline x86-64: what the sums cost without xxHash's
+    // run-time dispatch to the CPU's vector unit.
+    volatile uint64_t sink = 0;
+    if (!no_prewarm) prewarm(raw);
+    t["checksum_s"].push_back(timed([&] {
+      for (uint64_t at = 0, b = 0; at < my_bytes; at += 1u << 20, ++b)
+        sink = sink + storage::block_checksum(7, b, raw.data() + at, std::min<uint64_t>(1u << 20, my_bytes - at));
+    }));
+    if (!no_prewarm) prewarm(raw);
+    t["checksum_plain_s"].push_back(timed([&] {
+      for (uint64_t at = 0, b = 0; at < my_bytes; at += 1u << 20, ++b)
+        sink = sink + XXH3_64bits_withSeed(raw.data() + at, std::min<uint64_t>(1u << 20, my_bytes - at),
+                                           storage::block_seed(7, b));
+    }));
+    // The same two on one block already in cache (as when the sums follow the copy that brought
+    // the bytes in): the hash's own speed, without memory's.
+    const uint64_t hot = std::min<uint64_t>(1u << 20, my_bytes);
+    t["checksum_cached_s"].push_back(timed([&] {
+      for (int i = 0; i < 256; ++i) sink = sink + storage::block_checksum(7, i, raw.data(), hot);
+    }));
+    t["checksum_plain_cached_s"].push_back(timed([&] {
+      for (int i = 0; i < 256; ++i) sink = sink + XXH3_64bits_withSeed(raw.data(), hot, storage::block_seed(7, i));
     }));
 
     // --- h5ckpt saves ---------------------------------------------------------------------
@@ -673,6 +701,10 @@ int main(int argc, char** argv) {
                                             "raw_write_shared_s",
                                             "memcpy_s",
                                             "memcpy_parallel_s",
+                                            "checksum_s",
+                                            "checksum_plain_s",
+                                            "checksum_cached_s",
+                                            "checksum_plain_cached_s",
                                             "sync_save_s",
                                             "async_block_s",
                                             "async_total_s",
@@ -738,6 +770,14 @@ int main(int argc, char** argv) {
     s["async_block_over_memcpy"] = m("async_block_s") / m("memcpy_s");
     s["async_block_over_memcpy_parallel"] = m("async_block_s") / m("memcpy_parallel_s");
     s["async_block_over_sync_save"] = m("async_block_s") / m("sync_save_s");
+    // What one thread hashes from memory (the largest rank's bytes over the slowest rank's time),
+    // with the dispatch and without it.
+    s["checksum_gb_per_s"] = most_bytes / m("checksum_s") / 1e9;
+    s["checksum_plain_gb_per_s"] = most_bytes / m("checksum_plain_s") / 1e9;
+    s["checksum_over_memcpy"] = m("checksum_s") / m("memcpy_s");
+    const double hot_bytes = 256.0 * std::min(most_bytes, 1048576.0);
+    s["checksum_cached_gb_per_s"] = hot_bytes / m("checksum_cached_s") / 1e9;
+    s["checksum_plain_cached_gb_per_s"] = hot_bytes / m("checksum_plain_cached_s") / 1e9;
     s["load_over_raw_read"] = m("load_s") / raw_read;
     s["load_aggregated_over_raw_read"] = m("load_aggregated_s") / raw_read;
     s["reshard_load_over_load"] = m("reshard_load_s") / m("load_s");

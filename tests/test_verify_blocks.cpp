@@ -173,6 +173,44 @@ TEST_F(VerifyBlocks, BlockLayoutIsWholeSlabs) {
   EXPECT_EQ(storage::block_count(2960, 960), 4u);
 }
 
+// The block sums are XXH3 of each block with its seed, whichever vector unit computes them
+// (xxHash's run-time dispatch on x86-64): against the library's plain entry point, at every size
+// up to 300 bytes (the algorithm's short-input branches), around its stripes and blocks, at odd
+// alignments, one-shot and streamed in uneven pieces. So a checkpoint saved by any build, on any
+// CPU, verifies in any other.
+TEST_F(VerifyBlocks, BlockSumsArePlainXxh3OfEachBlockWithItsSeed) {
+  ASSERT_FALSE(storage::auth::enabled());  // keyed MACs are another function (test_auth)
+  std::mt19937_64 g(29);
+  std::vector<unsigned char> bytes((3u << 20) + 64);
+  for (auto& b : bytes) b = static_cast<unsigned char>(g());
+  std::vector<uint64_t> sizes;
+  for (uint64_t n = 0; n <= 300; ++n) sizes.push_back(n);
+  for (uint64_t n : {1023u, 1024u, 1025u, 4096u, 65543u, (1u << 20) - 1, 1u << 20, (1u << 20) + 129, 3u << 20})
+    sizes.push_back(n);
+  const uint64_t identity = 0x1234abcd5678ef90ull;
+  for (uint64_t n : sizes)
+    for (uint64_t align : {0u, 1u, 7u, 33u}) {
+      const unsigned char* p = bytes.data() + align;
+      const uint64_t b = n % 11;
+      ASSERT_EQ(storage::block_checksum(identity, b, p, n),
+                XXH3_64bits_withSeed(p, n, storage::block_seed(identity, b)))
+          << n << " bytes at alignment " << align;
+    }
+  const uint64_t region = (3u << 20) + 5, block = (1u << 20) + 3;  // the last block short
+  storage::BlockHasher h(identity, block, region);
+  for (uint64_t at = 0, step = 5; at < region; step = step * 5 + 3) {
+    const uint64_t n = std::min(step, region - at);
+    h.update(bytes.data() + at, n);
+    at += n;
+  }
+  const std::vector<uint64_t> sums = h.finish();
+  ASSERT_EQ(sums.size(), storage::block_count(region, block));
+  for (uint64_t i = 0; i < sums.size(); ++i) {
+    const uint64_t lo = i * block, len = std::min(block, region - lo);
+    EXPECT_EQ(sums[i], XXH3_64bits_withSeed(bytes.data() + lo, len, storage::block_seed(identity, i))) << "block " << i;
+  }
+}
+
 TEST_F(VerifyBlocks, EveryRandomBoxReadsRightValues) {
   std::mt19937 g(7);
   for (auto regions : {column_split(), zero_split()}) {
