@@ -36,6 +36,12 @@ uint64_t xxh3_seeded(const void* data, uint64_t size, uint64_t seed) {
   return XXH3_64bits_withSeed(data, size, seed);
 #endif
 }
+#if H5CKPT_XXH3_DISPATCH
+// The dispatch picks its implementation on its first call and stores it in a table of its own
+// without synchronization; the checking threads would race to fill it. So it is filled here,
+// once, as the library is loaded, before any thread of ours hashes.
+[[maybe_unused]] const bool dispatch_chosen = XXH3_64bits_dispatch("", 0) != 0 || true;
+#endif
 void xxh3_update(XXH3_state_t* state, const void* data, uint64_t size) {
 #if H5CKPT_XXH3_DISPATCH
   (void)XXH3_64bits_update_dispatch(state, data, size);
