@@ -465,26 +465,29 @@ int main(int argc, char** argv) {
     // plain entry point, which is built for baseline x86-64: what the sums cost without xxHash's
     // run-time dispatch to the CPU's vector unit.
     volatile uint64_t sink = 0;
-    if (!no_prewarm) prewarm(raw);
-    t["checksum_s"].push_back(timed([&] {
-      for (uint64_t at = 0, b = 0; at < my_bytes; at += 1u << 20, ++b)
-        sink = sink + storage::block_checksum(7, b, raw.data() + at, std::min<uint64_t>(1u << 20, my_bytes - at));
-    }));
-    if (!no_prewarm) prewarm(raw);
-    t["checksum_plain_s"].push_back(timed([&] {
-      for (uint64_t at = 0, b = 0; at < my_bytes; at += 1u << 20, ++b)
-        sink = sink + XXH3_64bits_withSeed(raw.data() + at, std::min<uint64_t>(1u << 20, my_bytes - at),
-                                           storage::block_seed(7, b));
-    }));
+    auto library_sum = [](uint64_t b, const char* p, uint64_t n) { return storage::block_checksum(7, b, p, n); };
+    auto plain_sum = [](uint64_t b, const char* p, uint64_t n) {
+      return XXH3_64bits_withSeed(p, n, storage::block_seed(7, b));
+    };
+    auto time_sums = [&](const char* field, auto sum) {
+      if (!no_prewarm) prewarm(raw);
+      t[field].push_back(timed([&] {
+        for (uint64_t at = 0, b = 0; at < my_bytes; at += 1u << 20, ++b)
+          sink = sink + sum(b, raw.data() + at, std::min<uint64_t>(1u << 20, my_bytes - at));
+      }));
+    };
     // The same two on one block already in cache (as when the sums follow the copy that brought
     // the bytes in): the hash's own speed, without memory's.
     const uint64_t hot = std::min<uint64_t>(1u << 20, my_bytes);
-    t["checksum_cached_s"].push_back(timed([&] {
-      for (int i = 0; i < 256; ++i) sink = sink + storage::block_checksum(7, i, raw.data(), hot);
-    }));
-    t["checksum_plain_cached_s"].push_back(timed([&] {
-      for (int i = 0; i < 256; ++i) sink = sink + XXH3_64bits_withSeed(raw.data(), hot, storage::block_seed(7, i));
-    }));
+    auto time_cached = [&](const char* field, auto sum) {
+      t[field].push_back(timed([&] {
+        for (uint64_t b = 0; b < 256; ++b) sink = sink + sum(b, raw.data(), hot);
+      }));
+    };
+    time_sums("checksum_s", library_sum);
+    time_sums("checksum_plain_s", plain_sum);
+    time_cached("checksum_cached_s", library_sum);
+    time_cached("checksum_plain_cached_s", plain_sum);
 
     // --- h5ckpt saves ---------------------------------------------------------------------
     const std::string sync_path = dir + "/sync-" + std::to_string(rep);

@@ -22,33 +22,26 @@ namespace {
 // AVX-512). The plain entry points are built for baseline x86-64: on the 2-core VM (AVX2) they
 // hashed a block in cache at 8 GB/s against 23-27 dispatched (from memory 5-6 against 8), and
 // every verified byte of a save, a load and a transfer goes through here.
-uint64_t xxh3(const void* data, uint64_t size) {
 #if H5CKPT_XXH3_DISPATCH
-  return XXH3_64bits_dispatch(data, size);
-#else
-  return XXH3_64bits(data, size);
-#endif
-}
+uint64_t xxh3(const void* data, uint64_t size) { return XXH3_64bits_dispatch(data, size); }
 uint64_t xxh3_seeded(const void* data, uint64_t size, uint64_t seed) {
-#if H5CKPT_XXH3_DISPATCH
   return XXH3_64bits_withSeed_dispatch(data, size, seed);
-#else
-  return XXH3_64bits_withSeed(data, size, seed);
-#endif
 }
-#if H5CKPT_XXH3_DISPATCH
+void xxh3_update(XXH3_state_t* state, const void* data, uint64_t size) {
+  (void)XXH3_64bits_update_dispatch(state, data, size);
+}
 // The dispatch picks its implementation on its first call and stores it in a table of its own
 // without synchronization; the checking threads would race to fill it. So it is filled here,
 // once, as the library is loaded, before any thread of ours hashes.
-[[maybe_unused]] const bool dispatch_chosen = XXH3_64bits_dispatch("", 0) != 0 || true;
-#endif
-void xxh3_update(XXH3_state_t* state, const void* data, uint64_t size) {
-#if H5CKPT_XXH3_DISPATCH
-  (void)XXH3_64bits_update_dispatch(state, data, size);
+[[maybe_unused]] const bool dispatch_chosen = [] {
+  (void)XXH3_64bits_dispatch("", 0);
+  return true;
+}();
 #else
-  (void)XXH3_64bits_update(state, data, size);
+uint64_t xxh3(const void* data, uint64_t size) { return XXH3_64bits(data, size); }
+uint64_t xxh3_seeded(const void* data, uint64_t size, uint64_t seed) { return XXH3_64bits_withSeed(data, size, seed); }
+void xxh3_update(XXH3_state_t* state, const void* data, uint64_t size) { (void)XXH3_64bits_update(state, data, size); }
 #endif
-}
 }  // namespace
 
 uint64_t region_slab_bytes(const ShardSpec& region, DType dtype) {
