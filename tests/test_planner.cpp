@@ -624,6 +624,12 @@ TEST(PlanSaveErrors, DtypeAndShapeMismatchAcrossRanks) {
   shapes[0].push_back(item("model/emb", {10, 4}, ShardSpec::split({10, 4}, 0, 2, 0)));
   shapes[1].push_back(item("model/emb", {12, 4}, ShardSpec::split({12, 4}, 0, 2, 1)));
   expect_error(shapes, ErrorCode::kShapeMismatch, {"model/emb", "[10,4]", "[12,4]", "rank 0", "rank 1"});
+
+  // The previous rank's shard under another global shape: a replica in its shard only.
+  Ranks replica(2);
+  replica[0].push_back(item("model/b", {4}, ShardSpec::box_of({0}, {4})));
+  replica[1].push_back(item("model/b", {6}, ShardSpec::box_of({0}, {4})));
+  expect_error(replica, ErrorCode::kShapeMismatch, {"model/b", "[4]", "[6]", "rank 0", "rank 1"});
 }
 
 TEST(PlanSaveErrors, DuplicateKeyOnOneRank) {
@@ -723,6 +729,30 @@ TEST(PlanSave, ZeroFlatRangesUnevenAndEmpty) {
   // Ranks whose range is empty write nothing of it.
   for (size_t k = 0; k < opt.regions.size(); ++k) EXPECT_GT(opt.shard(k).numel(), 0);
   EXPECT_EQ(opt.boxes.size(), 2u);  // the two TP boxes, shared by their ranges
+}
+
+TEST(PlanSave, FlatRangesInAnyRankOrder) {
+  // Two TP boxes of [4, 6], each split over 3 DP ranks, with the ranks listing the ranges in
+  // descending order and the boxes interleaved: accepted, every region written once.
+  const Shape g{4, 6};
+  const ShardSpec left = ShardSpec::split(g, 1, 2, 0), right = ShardSpec::split(g, 1, 2, 1);
+  Ranks ranks;
+  for (int64_t d = 2; d >= 0; --d)
+    for (const ShardSpec* box : {&left, &right})
+      ranks.push_back({item("opt/m", g, ShardSpec::flat_range(box->box, 4 * d, 4 * (d + 1)))});
+  auto plan = plan_save(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  check_plan(ranks, *plan);
+  ASSERT_EQ(plan->tensors.size(), 1u);
+  EXPECT_EQ(plan->tensors[0].regions.size(), 6u);
+
+  // An overlap between the first and the last range listed, with a range between them that
+  // overlaps neither: found, and named by the ranks that hold the two.
+  Ranks overlap;
+  for (auto [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {8, 12}, {4, 8}})
+    overlap.push_back({item("opt/m", g, ShardSpec::flat_range(left.box, b, e))});
+  overlap.push_back({item("opt/m", g, ShardSpec::flat_range(right.box, 0, 12))});
+  expect_error(overlap, ErrorCode::kInvalidArgument, {"opt/m", "rank 0", "rank 2", "without being identical"});
 }
 
 TEST(PlanSave, EmptyTensorAndRankHoldingNothing) {
@@ -923,7 +953,7 @@ struct JobLayout {
   }
 };
 
-// What every rank registers: a small GPT (4 layers, uneven sizes) under the layout. Rank order as
+// What every rank registers: a small GPT (4 layers, uneven sizes, one 5-D weight per layer) under the layout. Rank order as
 // the topology's: TP fastest, then CP, DP, PP. CP ranks hold the same parameters (replicas); EP
 // splits the expert dimension over groups of DP ranks (expert-data-parallel over the rest).
 Ranks layout_items(const JobLayout& l) {
@@ -956,6 +986,8 @@ Ranks layout_items(const JobLayout& l) {
             add(pre + "qkv", {3 * H, H}, ShardSpec::split({3 * H, H}, 0, l.tp, t), dense_i, dense_n);
             add(pre + "proj", {H, H}, ShardSpec::split({H, H}, 1, l.tp, t), dense_i, dense_n);
             add(pre + "ln", {H}, ShardSpec::whole({H}), dense_i, dense_n);
+            // A 5-D weight (more dimensions than the planner keeps beside a box's number).
+            add(pre + "conv", {2, 3, 4, 5, 6}, ShardSpec::split({2, 3, 4, 5, 6}, 3, l.tp, t), dense_i, dense_n);
             if (E > 0 && layer % 2 == 1) {
               const int ep_rank = d % l.ep, edp_i = d / l.ep, edp_n = l.dp / l.ep;
               ShardSpec s = ShardSpec::split({E, F, H}, 1, l.tp, t);
@@ -1065,6 +1097,39 @@ TEST(BulkArena, VectorsOutgrowingTheReservationKeepTheirValues) {
     for (uint64_t i = 0; i < kEach; ++i) ASSERT_EQ(vecs[v][i], i * 3 + v) << "vector " << v << " value " << i;
   }
   vecs.clear();  // frees the vectors that moved to operator new, and only those
+}
+
+// Blocks given back are handed out again by size when the size is a power of two, as a vector's
+// doublings and a hash table's are: tables that grow one after another reuse each other's
+// outgrown blocks instead of fresh memory.
+TEST(BulkArena, BlocksGivenBackAreReusedByPowerOfTwoSize) {
+  BulkArena arena(size_t{4} << 20);
+  void* a = arena.allocate(256);
+  void* b = arena.allocate(256);
+  const size_t used = arena.used();
+  arena.deallocate(a, 256);
+  EXPECT_EQ(arena.allocate(256), a);
+  EXPECT_EQ(arena.used(), used) << "a block given back was not taken again";
+  arena.deallocate(b, 256);
+  EXPECT_NE(arena.allocate(512), b) << "a block went to a request of another size";
+  void* c = arena.allocate(48);  // no power of two: not kept
+  arena.deallocate(c, 48);
+  EXPECT_NE(arena.allocate(48), c);
+  void* d = arena.allocate(12);  // rounded up to 16 bytes, a power of two
+  arena.deallocate(d, 12);
+  EXPECT_EQ(arena.allocate(16), d);
+
+  // A vector grown after another was grown and freed takes the first one's blocks: no more
+  // reservation is used (up to the last block, which the first vector still held when freed).
+  auto grow = [&](uint32_t n) {
+    ArenaVector<uint32_t> v{ArenaAllocator<uint32_t>(arena)};
+    for (uint32_t i = 0; i < n; ++i) v.push_back(i * 7);
+    for (uint32_t i = 0; i < n; ++i) EXPECT_EQ(v[i], i * 7);
+  };
+  grow(5000);
+  const size_t after_first = arena.used();
+  grow(5000);
+  EXPECT_EQ(arena.used(), after_first) << "the second vector grew into fresh memory";
 }
 
 TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {

@@ -80,31 +80,48 @@ class BulkBuffer {
 
 /// Bump allocation from one huge-page mapping, for many small vectors that grow while a large
 /// input is scanned (the save planner's 15,000 per-tensor tables at 8,960 ranks: about 40 MB
-/// that, taken from malloc, faulted in 10,000 fresh 4 KiB pages). Nothing is given back before
-/// the arena goes; a request beyond the reservation falls back to operator new. Only the pages
-/// used are touched: the reservation is address space.
+/// that, taken from malloc, faulted in 10,000 fresh 4 KiB pages). A block given back is kept
+/// for the next request of its size when that size is a power of two, as a vector's doublings
+/// and a hash table's are: the tables of later tensors grow into the blocks earlier ones
+/// outgrew, instead of into fresh pages. A request beyond the reservation falls back to operator
+/// new. Only the pages used are touched: the reservation is address space.
 class BulkArena {
  public:
   explicit BulkArena(size_t bytes) : buf_(bytes) {}
 
   void* allocate(size_t bytes) {
     bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (const int c = size_class(bytes); c >= 0 && free_[c]) {
+      void* p = free_[c];
+      free_[c] = *static_cast<void**>(p);
+      return p;
+    }
     if (bytes > buf_.size() - used_) return ::operator new(bytes);
     void* p = buf_.data() + used_;
     used_ += bytes;
     return p;
   }
-  void deallocate(void* p) noexcept {
-    if (!owns(p)) ::operator delete(p);
+  void deallocate(void* p, size_t bytes) noexcept {
+    if (!owns(p)) return ::operator delete(p);
+    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (const int c = size_class(bytes); c >= 0) {  // the block's first word links it to the next free one
+      *static_cast<void**>(p) = free_[c];
+      free_[c] = p;
+    }
   }
+  /// Bytes taken from the reservation so far.
+  size_t used() const { return used_; }
 
  private:
   static constexpr size_t kAlign = 16;
+  // The free list for blocks of `bytes` (a multiple of kAlign), or -1 when it is no power of two.
+  static int size_class(size_t bytes) { return bytes != 0 && (bytes & (bytes - 1)) == 0 ? __builtin_ctzll(bytes) : -1; }
   bool owns(const void* p) const {
     return p >= static_cast<const void*>(buf_.data()) && p < static_cast<const void*>(buf_.data() + buf_.size());
   }
   BulkBuffer buf_;
   size_t used_ = 0;
+  void* free_[64] = {};
 };
 
 /// A std allocator drawing from a BulkArena.
@@ -118,7 +135,7 @@ struct ArenaAllocator {
     if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
     return static_cast<T*>(arena->allocate(n * sizeof(T)));
   }
-  void deallocate(T* p, size_t) noexcept { arena->deallocate(p); }
+  void deallocate(T* p, size_t n) noexcept { arena->deallocate(p, n * sizeof(T)); }
   template <class U>
   bool operator==(const ArenaAllocator<U>& other) const noexcept {
     return arena == other.arena;

@@ -88,6 +88,21 @@ uint64_t box_hash(const Box& b) {
   return finish(h);
 }
 
+// Equal extents compared inline: the scan compares millions of two- and three-element shapes,
+// where the defaulted comparisons call memcmp once per vector.
+bool same_dims(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t d = 0; d < a.size(); ++d)
+    if (a[d] != b[d]) return false;
+  return true;
+}
+bool same_box(const Box& a, const Box& b) { return same_dims(a.shape, b.shape) && same_dims(a.offset, b.offset); }
+bool same_shard(const ShardSpec& a, const ShardSpec& b) {
+  if (a.flat.has_value() != b.flat.has_value()) return false;
+  if (a.flat && (a.flat->first != b.flat->first || a.flat->second != b.flat->second)) return false;
+  return same_box(a.box, b.box);
+}
+
 // The elements of a shard as a range of its box's row-major order (a whole box: all of them).
 std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
   return s.flat ? *s.flat : std::pair<int64_t, int64_t>{0, s.box.volume()};
@@ -121,14 +136,38 @@ using RegionPool = BulkVector<UniqueRegion>;
 // boxes of those regions (the TP shards; ZeRO's flat ranges share one), told apart here, while
 // the new region's description is in cache, so the checks compare box numbers.
 struct TensorAcc {
+  static constexpr size_t kInlineDims = 4;
   struct DistinctBox {
     uint64_t hash;
-    const Box* box;  // the latest region's copy of it: recently read, likely still in cache
+    const Box* box;  // a region's copy of it, for the plan and the checks (and for the lookups of
+                     // boxes of more than kInlineDims dimensions: the latest, likely in cache)
+    // Offset then shape, for boxes of at most kInlineDims dimensions: a lookup compares them
+    // here, in the table it has just read, not in another rank's description.
+    size_t ndim;
+    int64_t dims[2 * kInlineDims];
+
+    DistinctBox(uint64_t h, const Box& b) : hash(h), box(&b), ndim(b.ndim()), dims{} {
+      if (ndim > kInlineDims) return;
+      std::copy(b.offset.begin(), b.offset.end(), dims);
+      std::copy(b.shape.begin(), b.shape.end(), dims + ndim);
+    }
+    bool holds(const Box& b) {
+      if (b.ndim() != ndim || b.offset.size() != ndim) return false;
+      if (ndim > kInlineDims) {
+        if (!same_box(*box, b)) return false;
+        box = &b;  // recently read, likely still in cache for the next lookup
+        return true;
+      }
+      for (size_t d = 0; d < ndim; ++d)
+        if (dims[d] != b.offset[d] || dims[ndim + d] != b.shape[d]) return false;
+      return true;
+    }
   };
   const ItemDesc* first;  // key, dtype and global shape as first declared
   int first_rank;
   int last_rank = -1;             // the last rank declaring it: another declaration there is a duplicate
   ArenaVector<uint32_t> regions;  // pool ids, in order of first appearance
+  ArenaVector<uint32_t> hashes;   // beside regions: the low bits of each one's region_hash
   ArenaVector<uint32_t> slots;    // indices into regions
   ArenaVector<DistinctBox> boxes;
   ArenaVector<uint32_t> box_slots;  // indices into boxes
@@ -137,26 +176,28 @@ struct TensorAcc {
       : first(first_item),
         first_rank(rank),
         regions(ArenaAllocator<uint32_t>(arena)),
+        hashes(ArenaAllocator<uint32_t>(arena)),
         slots(ArenaAllocator<uint32_t>(arena)),
         boxes(ArenaAllocator<DistinctBox>(arena)),
         box_slots(ArenaAllocator<uint32_t>(arena)) {}
 
-  // Asks for the slot where find_or_add(shard) will start probing: the tables of 15,000 tensors
-  // do not stay in cache, and the scan knows its next items' tensors.
-  void prefetch_slot(const ShardSpec& shard) const {
+  // Asks for the slot where find_or_add(shard, bh) will start probing (`bh`: box_hash of its
+  // box): the tables of 15,000 tensors do not stay in cache, and the scan knows its next items'
+  // tensors.
+  void prefetch_slot(const ShardSpec& shard, uint64_t bh) const {
     if (slots.empty()) return;
     const auto [begin, end] = flat_span(shard);
-    __builtin_prefetch(&slots[region_hash(box_hash(shard.box), begin, end) & (slots.size() - 1)]);
+    __builtin_prefetch(&slots[region_hash(bh, begin, end) & (slots.size() - 1)]);
   }
 
   // The pool id of the region `shard`, added to the pool when new. Its box is numbered first, so
   // a known region is recognized by integers (box number, range, flat or not) without reading
   // its first holder's description, which lies with another rank's items, likely out of cache.
-  uint32_t find_or_add(const ShardSpec& shard, RegionPool& pool) {
+  uint32_t find_or_add(const ShardSpec& shard, uint64_t bh, RegionPool& pool) {
+    // Table positions are the hashes' low bits: kept beside the regions, they are rehashed
+    // without reading the pool, where a tensor's regions lie a rank's items apart.
     if (2 * (regions.size() + 1) > slots.size())
-      rehash_ids(slots, static_cast<uint32_t>(regions.size()), 8,
-                 [&](uint32_t k) { return hash_of(pool[regions[k]]); });
-    const uint64_t bh = box_hash(shard.box);
+      rehash_ids(slots, static_cast<uint32_t>(regions.size()), 8, [&](uint32_t k) { return hashes[k]; });
     const uint32_t box = box_id(shard.box, bh);
     // Plain variables, not a structured binding: the lambda below captures them (clang 14, which
     // the fuzz build uses, refuses to capture bindings).
@@ -164,28 +205,28 @@ struct TensorAcc {
     const int64_t begin = span.first, end = span.second;
     const uint32_t flat = shard.flat ? 1 : 0;
     const uint32_t next = static_cast<uint32_t>(regions.size());
-    const uint32_t k = find_or_insert_id(slots, region_hash(bh, begin, end), next, [&](uint32_t k) {
+    const uint64_t h = region_hash(bh, begin, end);
+    const uint32_t k = find_or_insert_id(slots, h, next, [&](uint32_t k) {
+      if (hashes[k] != static_cast<uint32_t>(h)) return false;  // most probes end here, out of the pool
       const UniqueRegion& known = pool[regions[k]];
       return known.box == box && known.begin == begin && known.end == end && known.flat == flat;
     });
     if (k == next) {
       regions.push_back(static_cast<uint32_t>(pool.size()));
+      hashes.push_back(static_cast<uint32_t>(h));
       pool.push_back(UniqueRegion{&shard, begin, end, box, flat});
     }
     return regions[k];
   }
 
  private:
-  uint64_t hash_of(const UniqueRegion& r) const { return region_hash(boxes[r.box].hash, r.begin, r.end); }
-
   uint32_t box_id(const Box& box, uint64_t bh) {
     if (2 * (boxes.size() + 1) > box_slots.size())
       rehash_ids(box_slots, static_cast<uint32_t>(boxes.size()), 8, [&](uint32_t b) { return boxes[b].hash; });
     const uint32_t next = static_cast<uint32_t>(boxes.size());
     const uint32_t b =
-        find_or_insert_id(box_slots, bh, next, [&](uint32_t b) { return boxes[b].hash == bh && *boxes[b].box == box; });
-    if (b == next) boxes.push_back(DistinctBox{bh, &box});
-    else boxes[b].box = &box;
+        find_or_insert_id(box_slots, bh, next, [&](uint32_t b) { return boxes[b].hash == bh && boxes[b].holds(box); });
+    if (b == next) boxes.emplace_back(bh, box);
     return b;
   }
 };
@@ -196,6 +237,12 @@ struct TensorRegions {
   const ArenaVector<uint32_t>& ids;
   size_t size() const { return ids.size(); }
   const UniqueRegion& operator[](size_t k) const { return pool[ids[k]]; }
+  // A tensor's regions lie in the pool a rank's items apart: the first pass over them asks for
+  // each a few regions ahead.
+  static constexpr size_t kAhead = 8;
+  void prefetch(size_t k) const {
+    if (k + kAhead < ids.size()) __builtin_prefetch(&pool[ids[k + kAhead]]);
+  }
 };
 
 // Two regions sharing an element, from their pieces; exact for any boxes and flat ranges, and
@@ -216,8 +263,34 @@ Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shap
 // Buffers the checks of one tensor after another reuse (15,000 tensors at 8,960 ranks).
 struct CheckScratch {
   std::vector<uint32_t> order;
+  std::vector<uint32_t> group_start;  // per box: where its regions start in `order`
   std::vector<Box> boxes;
 };
+
+// The regions' positions grouped by box, ranges ascending within a group, so that any overlap
+// inside a group shows between neighbours. A counting sort by box number (a tensor has a few
+// boxes, its regions hundreds: the TP shards and their ZeRO slices, which arrive interleaved, TP
+// rank by TP rank), keeping the order of first appearance within a box; a group is sorted by
+// range only if it is not already (the slices arrive DP rank by DP rank, ascending).
+void group_by_box(const TensorRegions& regions, size_t nboxes, CheckScratch& scratch) {
+  std::vector<uint32_t>& start = scratch.group_start;
+  start.assign(nboxes + 1, 0);
+  for (size_t k = 0; k < regions.size(); ++k) {
+    regions.prefetch(k);
+    ++start[regions[k].box + 1];
+  }
+  std::partial_sum(start.begin(), start.end(), start.begin());
+  std::vector<uint32_t>& order = scratch.order;
+  order.resize(regions.size());
+  for (size_t k = 0; k < regions.size(); ++k) order[start[regions[k].box]++] = static_cast<uint32_t>(k);
+  // `start[b]` is now where group b ends, which is where group b + 1 starts.
+  auto by_begin = [&](uint32_t a, uint32_t b) { return regions[a].begin < regions[b].begin; };
+  for (size_t b = 0, from = 0; b < nboxes; from = start[b++]) {
+    const auto first = order.begin() + static_cast<std::ptrdiff_t>(from);
+    const auto last = order.begin() + static_cast<std::ptrdiff_t>(start[b]);
+    if (!std::is_sorted(first, last, by_begin)) std::sort(first, last, by_begin);
+  }
+}
 
 // Regions that are neither identical nor disjoint, and regions that leave elements out, are
 // errors. Coverage is counted; disjointness is checked on the regions' boxes: regions on one box
@@ -244,17 +317,8 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
                                                    " without being identical (replicas must hold identical regions)");
   };
   if (regions.size() >= 2) {
-    // Grouped by box, ranges ascending within a group, so any overlap inside a group shows
-    // between neighbours. Regions usually arrive in that order already (one box per TP rank,
-    // ranges by DP rank): then there is nothing to sort.
-    auto before = [&](uint32_t a, uint32_t b) {
-      const UniqueRegion &x = regions[a], &y = regions[b];
-      return x.box != y.box ? x.box < y.box : x.begin < y.begin;
-    };
-    std::vector<uint32_t>& order = scratch.order;
-    order.resize(regions.size());
-    std::iota(order.begin(), order.end(), 0);
-    if (!std::is_sorted(order.begin(), order.end(), before)) std::sort(order.begin(), order.end(), before);
+    group_by_box(regions, distinct.size(), scratch);
+    const std::vector<uint32_t>& order = scratch.order;
     for (size_t k = 1; k < order.size(); ++k) {
       const UniqueRegion &prev = regions[order[k - 1]], &cur = regions[order[k]];
       if (prev.box == cur.box && prev.end > cur.begin) return overlapping(order[k - 1], order[k]);
@@ -284,7 +348,10 @@ namespace {
 // The scan reads each item's key, global shape and box, four heap blocks apart from the item
 // itself: asking for those of an item a few places ahead lets the cache misses (3.5 million
 // items at 8,960 ranks) overlap instead of each waiting for the one before.
+// The descriptions themselves (152 bytes, three cache lines) are asked for further ahead, so
+// that their pointers are at hand when those blocks are.
 constexpr size_t kPrefetchAhead = 4;
+constexpr size_t kDescAhead = 12;
 constexpr size_t kSlotAhead = 2;
 void prefetch(const ItemDesc& item) {
   __builtin_prefetch(item.key.data());
@@ -292,6 +359,28 @@ void prefetch(const ItemDesc& item) {
   __builtin_prefetch(item.shard.box.offset.data());
   __builtin_prefetch(item.shard.box.shape.data());
 }
+void prefetch_desc(const ItemDesc* item) {
+  const char* bytes = reinterpret_cast<const char*>(item);
+  for (size_t line = 0; line < sizeof(ItemDesc); line += 64) __builtin_prefetch(bytes + line);
+}
+
+// What the scan found out about an item ahead of its turn, kept for that turn (a ring over the
+// next kSlotAhead + 1 positions): whether its shard is that of the previous rank's item at its
+// position and, when not, its box hash, with which it asked for the item's hash slot.
+struct Ahead {
+  static constexpr size_t kRing = kSlotAhead + 1;
+  struct Entry {
+    size_t position = SIZE_MAX;
+    bool same_shard = false;
+    uint64_t box_hash = 0;
+  };
+  Entry ring[kRing];
+  void put(size_t position, bool same, uint64_t hash) { ring[position % kRing] = Entry{position, same, hash}; }
+  const Entry* get(size_t position) const {
+    const Entry& e = ring[position % kRing];
+    return e.position == position ? &e : nullptr;
+  }
+};
 
 // Positions 0..n-1 of `jobs` (anything with `bytes`) by bytes descending, equal bytes in
 // position order: a counting sort over the distinct sizes, sorted once.
@@ -390,7 +479,15 @@ struct WriteJob {
 void assign_writers(const BulkVector<WriteJob>& jobs, const Holders& holders, SavePlan& plan) {
   const BulkVector<uint32_t> order = largest_first(jobs);
   BulkVector<int> writer_at(jobs.size());
-  for (uint32_t pos : order) {
+  // The order jumps between plan positions, and each job leads to its holders by two more
+  // lookups: each is asked for a few jobs ahead of its turn, once the one before it has arrived.
+  constexpr size_t kJobAhead = 12, kBeginAhead = 8, kRanksAhead = 4;
+  const size_t n = order.size();
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kJobAhead < n) __builtin_prefetch(&jobs[order[k + kJobAhead]]);
+    if (k + kBeginAhead < n) __builtin_prefetch(&holders.begin[jobs[order[k + kBeginAhead]].id]);
+    if (k + kRanksAhead < n) __builtin_prefetch(&holders.ranks[holders.begin[jobs[order[k + kRanksAhead]].id]]);
+    const uint32_t pos = order[k];
     const WriteJob& j = jobs[pos];
     int best = holders.first(j.id);
     for (uint32_t h = holders.begin[j.id]; h < holders.begin[j.id + 1]; ++h)
@@ -408,8 +505,9 @@ void assign_writers(const BulkVector<WriteJob>& jobs, const Holders& holders, Sa
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
-  // The tensors' tables, grown by doubling, take about 30 bytes per item at 8,960 ranks; room
-  // for more is only address space, and beyond it they come from malloc.
+  // The tensors' tables, grown by doubling into each other's outgrown blocks, take about 15 bytes
+  // per item at 8,960 ranks; room for more is only address space, and beyond it they come from
+  // malloc.
   BulkArena arena(64 * nitems + (1u << 20));
   std::vector<TensorAcc> accs;
   std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
@@ -426,12 +524,24 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   for (size_t r = 0; r < ranks.size(); ++r) {
     auto where = [&] { return " (rank " + std::to_string(r) + ")"; };
     const std::vector<ItemDesc>* before = r > 0 ? &ranks[r - 1] : nullptr;
+    Ahead ahead;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
+      if (i + kDescAhead < ranks[r].size()) prefetch_desc(&ranks[r][i + kDescAhead]);
       if (i + kPrefetchAhead < ranks[r].size()) prefetch(ranks[r][i + kPrefetchAhead]);
       // The item two ahead (its description asked for two items ago) likely belongs to the tensor
-      // the previous rank had there: ask for its slot (a wrong guess costs a wasted fetch).
-      if (const size_t j = i + kSlotAhead; j < ranks[r].size() && j < previous.size() && previous[j].first != kNone)
-        accs[previous[j].first].prefetch_slot(ranks[r][j].shard);
+      // the previous rank had there: ask for its slot (a wrong guess costs a wasted fetch), unless
+      // it holds that item's shard, a replica whose region the scan will take from it.
+      if (const size_t j = i + kSlotAhead; j < ranks[r].size() && j < previous.size() && previous[j].first != kNone) {
+        const ShardSpec& shard = ranks[r][j].shard;
+        if (same_shard((*before)[j].shard, shard)) {
+          ahead.put(j, true, 0);
+        } else {
+          const uint64_t bh = box_hash(shard.box);
+          ahead.put(j, false, bh);
+          accs[previous[j].first].prefetch_slot(shard, bh);
+        }
+      }
+      const Ahead::Entry* seen = ahead.get(i);  // (*before)[i] and this item's shard compared already
       const ItemDesc& it = ranks[r][i];
       const ItemDesc* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
       uint32_t t = kNone;
@@ -451,29 +561,32 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
       if (acc.last_rank == static_cast<int>(r) && !it.continues)
         return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "' added twice" + where());
       acc.last_rank = static_cast<int>(r);
-      if (auto st = it.shard.validate(it.global_shape); !st.ok())
-        return st.with_context("key '" + it.key + "'" + where());
+      // The previous rank's item at this position, of the same tensor, with the same shard and
+      // global shape (a replica): validated when it was scanned, and its region is this item's.
+      const bool replica = prev && (seen ? seen->same_shard : same_shard(prev->shard, it.shard)) &&
+                           same_dims(prev->global_shape, it.global_shape);
+      if (!replica)
+        if (auto st = it.shard.validate(it.global_shape); !st.ok())
+          return st.with_context("key '" + it.key + "'" + where());
       // The previous rank's item agreed with the first declaration: comparing with it suffices.
       const ItemDesc& agreed = prev ? *prev : *acc.first;
       if (agreed.dtype != it.dtype)
         return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.first->dtype) +
                                                      " on rank " + std::to_string(acc.first_rank) + " but " +
                                                      dtype_name(it.dtype) + " on rank " + std::to_string(r));
-      if (agreed.global_shape != it.global_shape)
+      if (!replica && !same_dims(agreed.global_shape, it.global_shape))
         return Status(ErrorCode::kShapeMismatch,
                       "key '" + it.key + "': global shape " + to_string_shape(acc.first->global_shape) + " on rank " +
                           std::to_string(acc.first_rank) + " but " + to_string_shape(it.global_shape) + " on rank " +
                           std::to_string(r));
-      uint32_t region = kNone;
-      if (it.shard.numel() > 0) {  // else it holds nothing of this tensor
-        if (prev && previous[i].second != kNone && prev->shard == it.shard) {
-          region = previous[i].second;
-        } else {
-          int64_t bytes = 0;
-          if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
-            return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
-          region = acc.find_or_add(it.shard, pool);
-        }
+      uint32_t region = kNone;  // stays so for an item that holds nothing of its tensor
+      if (replica) {
+        region = previous[i].second;
+      } else if (it.shard.numel() > 0) {
+        int64_t bytes = 0;
+        if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
+          return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
+        region = acc.find_or_add(it.shard, seen && !seen->same_shard ? seen->box_hash : box_hash(it.shard.box), pool);
       }
       region_of_item.push_back(region);
       if (i >= previous.size()) previous.resize(i + 1, {kNone, kNone});
@@ -511,6 +624,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
     tp.regions.reserve(regions.size());
     for (size_t k = 0; k < regions.size(); ++k) {
+      if (regions.size() < 2) regions.prefetch(k);  // else the check's first pass has
       const UniqueRegion& reg = regions[k];
       tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
       jobs.push_back(WriteJob{(reg.end - reg.begin) * es, acc.regions[k]});
