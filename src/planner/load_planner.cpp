@@ -9,6 +9,7 @@
 #include "planner/box_math.h"
 #include "planner/bulk_allocator.h"
 #include "planner/id_slots.h"
+#include "planner/largest_first.h"
 #include "util/checked_math.h"
 
 namespace h5ckpt::planner {
@@ -148,14 +149,14 @@ LoadPlan plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool dedu
       grp.members.push_back({static_cast<int>(r), static_cast<int>(i)});
     }
   plan.read_bytes_by_rank.assign(ranks.size(), 0);
-  // Largest groups first, ties in group order (what a stable sort by bytes gives), sorted as
-  // compact (bytes, group) pairs rather than through the groups.
-  BulkVector<std::pair<uint64_t, size_t>> order(plan.groups.size());
-  for (size_t g = 0; g < order.size(); ++g) order[g] = {plan.groups[g].bytes, g};
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-  for (const auto& [bytes, g] : order) {
-    LoadGroup& grp = plan.groups[g];
+  // Largest groups first, ties in group order. The order jumps between groups, each of whose
+  // member lists is a heap block of its own: both are asked for a few groups ahead.
+  const BulkVector<uint32_t> order = largest_first(plan.groups);
+  constexpr size_t kGroupAhead = 8, kMembersAhead = 4;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (k + kGroupAhead < order.size()) __builtin_prefetch(&plan.groups[order[k + kGroupAhead]]);
+    if (k + kMembersAhead < order.size()) __builtin_prefetch(plan.groups[order[k + kMembersAhead]].members.data());
+    LoadGroup& grp = plan.groups[order[k]];
     int best = grp.members[0].rank;
     for (const auto& m : grp.members)
       if (plan.read_bytes_by_rank[m.rank] < plan.read_bytes_by_rank[best]) best = m.rank;

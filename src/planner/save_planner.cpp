@@ -11,6 +11,7 @@
 #include "planner/box_math.h"
 #include "planner/bulk_allocator.h"
 #include "planner/id_slots.h"
+#include "planner/largest_first.h"
 #include "planner/region_overlap.h"
 #include "util/checked_math.h"
 
@@ -381,37 +382,6 @@ struct Ahead {
     return e.position == position ? &e : nullptr;
   }
 };
-
-// Positions 0..n-1 of `jobs` (anything with `bytes`) by bytes descending, equal bytes in
-// position order: a counting sort over the distinct sizes, sorted once.
-template <class Jobs>
-BulkVector<uint32_t> largest_first(const Jobs& jobs) {
-  std::unordered_map<int64_t, uint32_t> class_of;  // bytes -> size class
-  std::vector<int64_t> class_bytes;
-  BulkVector<uint32_t> class_at(jobs.size());
-  int64_t last_bytes = -1;
-  uint32_t last_class = 0;
-  for (size_t p = 0; p < jobs.size(); ++p) {
-    if (jobs[p].bytes != last_bytes) {  // neighbours are often one size (the slices of one box)
-      auto [it, fresh] = class_of.try_emplace(jobs[p].bytes, static_cast<uint32_t>(class_bytes.size()));
-      if (fresh) class_bytes.push_back(jobs[p].bytes);
-      last_bytes = jobs[p].bytes;
-      last_class = it->second;
-    }
-    class_at[p] = last_class;
-  }
-  // Where each class's positions start in the order: classes by bytes descending.
-  std::vector<uint32_t> classes(class_bytes.size());
-  std::iota(classes.begin(), classes.end(), 0u);
-  std::sort(classes.begin(), classes.end(), [&](uint32_t a, uint32_t b) { return class_bytes[a] > class_bytes[b]; });
-  std::vector<size_t> start(class_bytes.size(), 0);
-  for (uint32_t c : class_at) ++start[c];
-  size_t offset = 0;
-  for (uint32_t c : classes) offset += std::exchange(start[c], offset);
-  BulkVector<uint32_t> order(jobs.size());
-  for (size_t p = 0; p < jobs.size(); ++p) order[start[class_at[p]]++] = static_cast<uint32_t>(p);
-  return order;
-}
 
 // Each tensor's plan without its regions, from its first declaration, with its distinct boxes
 // (numbered in the scan: the regions refer to them by that number).
