@@ -594,7 +594,6 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
     const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
     tp.regions.reserve(regions.size());
     for (size_t k = 0; k < regions.size(); ++k) {
-      if (regions.size() < 2) regions.prefetch(k);  // else the check's first pass has
       const UniqueRegion& reg = regions[k];
       tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
       jobs.push_back(WriteJob{(reg.end - reg.begin) * es, acc.regions[k]});
