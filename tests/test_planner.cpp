@@ -953,9 +953,10 @@ struct JobLayout {
   }
 };
 
-// What every rank registers: a small GPT (4 layers, uneven sizes, one 5-D weight per layer) under the layout. Rank order as
-// the topology's: TP fastest, then CP, DP, PP. CP ranks hold the same parameters (replicas); EP
-// splits the expert dimension over groups of DP ranks (expert-data-parallel over the rest).
+// What every rank registers: a small GPT (4 layers, uneven sizes, one 5-D weight per layer) under
+// the layout. Rank order as the topology's: TP fastest, then CP, DP, PP. CP ranks hold the same
+// parameters (replicas); EP splits the expert dimension over groups of DP ranks
+// (expert-data-parallel over the rest).
 Ranks layout_items(const JobLayout& l) {
   const int64_t H = 24, F = 40, V = 67, E = l.experts;
   const int layers = 4;

@@ -90,7 +90,7 @@ class BulkArena {
   explicit BulkArena(size_t bytes) : buf_(bytes) {}
 
   void* allocate(size_t bytes) {
-    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+    bytes = rounded(bytes);
     if (const int c = size_class(bytes); c >= 0 && free_[c]) {
       void* p = free_[c];
       free_[c] = *static_cast<void**>(p);
@@ -103,8 +103,7 @@ class BulkArena {
   }
   void deallocate(void* p, size_t bytes) noexcept {
     if (!owns(p)) return ::operator delete(p);
-    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-    if (const int c = size_class(bytes); c >= 0) {  // the block's first word links it to the next free one
+    if (const int c = size_class(rounded(bytes)); c >= 0) {  // the block's first word links it to the next free one
       *static_cast<void**>(p) = free_[c];
       free_[c] = p;
     }
@@ -114,6 +113,7 @@ class BulkArena {
 
  private:
   static constexpr size_t kAlign = 16;
+  static size_t rounded(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   // The free list for blocks of `bytes` (a multiple of kAlign), or -1 when it is no power of two.
   static int size_class(size_t bytes) { return bytes != 0 && (bytes & (bytes - 1)) == 0 ? __builtin_ctzll(bytes) : -1; }
   bool owns(const void* p) const {
