@@ -470,6 +470,45 @@ void assign_writers(const BulkVector<WriteJob>& jobs, const Holders& holders, Sa
     for (PlannedRegion& reg : tp.regions) reg.writer = writer_at[pos++];
 }
 
+// The scan's tensors into the plan: checked disjoint and complete, sorted by key, each region given
+// its writer.
+Result<SavePlan> plan_from_scan(size_t nranks, const std::vector<TensorAcc>& accs, const RegionPool& pool,
+                                const Holders& holders) {
+  std::vector<TensorPlan> heads = tensor_heads(accs);
+
+  // Tensors sorted by key: every rank creates the datasets in this order.
+  std::vector<uint32_t> by_key(accs.size());
+  std::iota(by_key.begin(), by_key.end(), 0);
+  std::sort(by_key.begin(), by_key.end(), [&](uint32_t a, uint32_t b) { return heads[a].key < heads[b].key; });
+
+  SavePlan plan;
+  plan.bytes_by_rank.assign(nranks, 0);
+  BulkVector<WriteJob> jobs;
+  jobs.reserve(pool.size());
+  plan.tensors.reserve(accs.size());
+  CheckScratch scratch;
+  for (uint32_t a : by_key) {
+    const TensorAcc& acc = accs[a];
+    const TensorRegions regions{pool, acc.regions};
+    TensorPlan& tp = heads[a];
+    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
+        tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders.first(acc.regions[k]); }, scratch));
+    // The regions into the plan while the check has them in cache: 24 bytes each, from the pool
+    // alone (the items are not read again).
+    const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
+    tp.regions.reserve(regions.size());
+    for (size_t k = 0; k < regions.size(); ++k) {
+      const UniqueRegion& reg = regions[k];
+      tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
+      jobs.push_back(WriteJob{(reg.end - reg.begin) * es, acc.regions[k]});
+    }
+    plan.tensors.push_back(std::move(tp));
+  }
+
+  assign_writers(jobs, holders, plan);
+  return plan;
+}
+
 }  // namespace
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
@@ -569,40 +608,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   H5CKPT_RETURN_IF_ERROR(check_group_prefixes(accs, acc_of));
   const Holders holders = list_holders(ranks, region_of_item, pool.size());
   region_of_item = {};
-
-  std::vector<TensorPlan> heads = tensor_heads(accs);
-
-  // Tensors sorted by key: every rank creates the datasets in this order.
-  std::vector<uint32_t> by_key(accs.size());
-  std::iota(by_key.begin(), by_key.end(), 0);
-  std::sort(by_key.begin(), by_key.end(), [&](uint32_t a, uint32_t b) { return heads[a].key < heads[b].key; });
-
-  SavePlan plan;
-  plan.bytes_by_rank.assign(ranks.size(), 0);
-  BulkVector<WriteJob> jobs;
-  jobs.reserve(pool.size());
-  plan.tensors.reserve(accs.size());
-  CheckScratch scratch;
-  for (uint32_t a : by_key) {
-    const TensorAcc& acc = accs[a];
-    const TensorRegions regions{pool, acc.regions};
-    TensorPlan& tp = heads[a];
-    H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
-        tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders.first(acc.regions[k]); }, scratch));
-    // The regions into the plan while the check has them in cache: 24 bytes each, from the pool
-    // alone (the items are not read again).
-    const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
-    tp.regions.reserve(regions.size());
-    for (size_t k = 0; k < regions.size(); ++k) {
-      const UniqueRegion& reg = regions[k];
-      tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
-      jobs.push_back(WriteJob{(reg.end - reg.begin) * es, acc.regions[k]});
-    }
-    plan.tensors.push_back(std::move(tp));
-  }
-
-  assign_writers(jobs, holders, plan);
-  return plan;
+  return plan_from_scan(ranks.size(), accs, pool, holders);
 }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,
