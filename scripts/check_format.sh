@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The C and C++ sources against .clang-format (clang-format 14, as Debian 12 ships it).
-#   scripts/check_format.sh          lists the files that are not formatted; exits 1 if any
-#   scripts/check_format.sh --fix    rewrites them in place
+# The C and C++ sources against .clang-format (clang-format 14, as Debian 12 ships it), then no
+# function under src/ over 120 lines (scripts/long_functions.py): the source checks CI runs, in one.
+#   scripts/check_format.sh          lists the files that are not formatted and the long functions;
+#                                    exits 1 if any
+#   scripts/check_format.sh --fix    rewrites the unformatted files in place
 # Files: the tracked .c/.cc/.cpp/.cu/.cuh/.h/.hpp under the folders below. CLANG_FORMAT names
 # another binary; other major versions format some constructs differently, hence the warning.
 set -euo pipefail
@@ -41,3 +43,6 @@ if ((${#bad[@]})); then
   exit 1
 fi
 echo "check_format: ${#files[@]} files formatted"
+# The benchmarks' mains and the bindings' option lists (outside src/) are longer and not checked.
+mapfile -t sources < <(git ls-files 'src/*.cpp' 'src/*.c' 'src/*.cu')
+python3 scripts/long_functions.py --max 120 "${sources[@]}"
