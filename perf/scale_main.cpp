@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/wire.h"
 #include "extras/extra_states.h"
 #include "extras/synthetic_loader.h"
 #include "h5ckpt/loader_state.h"
@@ -364,19 +365,19 @@ std::string save_plan_digest(const planner::SavePlan& plan) {
   return d.hex();
 }
 
-std::string roles_digest(const planner::LoadPlan& plan, const std::vector<std::vector<planner::ItemRole>>& roles) {
+std::string roles_digest(const planner::LoadPlan& plan, const planner::RoleTable& roles) {
   Digest d;
-  for (const auto& g : plan.groups) {
-    d.i64(g.reader);
-    d.i64(static_cast<int64_t>(g.bytes));
-    for (const auto& m : g.members) {
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    d.i64(plan.groups[g].reader);
+    d.i64(static_cast<int64_t>(plan.groups[g].bytes));
+    for (const auto& m : plan.members_of(g)) {
       d.i64(m.rank);
       d.i64(m.item);
     }
   }
   for (uint64_t b : plan.read_bytes_by_rank) d.i64(static_cast<int64_t>(b));
-  for (const auto& rank : roles)
-    for (const auto& r : rank) {
+  for (size_t rank = 0; rank < roles.ranks(); ++rank)
+    for (const auto& r : roles.roles_of(plan, rank)) {
       d.i64(static_cast<int64_t>(r.role));
       d.i64(r.group);
       d.i64(r.peer);
@@ -677,10 +678,17 @@ int main(int argc, char** argv) {
   c0 = cpu_s();
   const planner::LoadPlan load_plan = planner::plan_load(requests, /*deduplicate=*/true);
   const double c1 = cpu_s();
-  const auto roles = planner::assign_roles(load_plan, item_of, counts);
+  const planner::RoleTable roles = planner::assign_roles(load_plan, item_of, counts);
+  const double c2 = cpu_s();
+  // Every rank's roles message, as the coordinator sends them (their bytes summed, so that the
+  // work cannot be left out).
+  uint64_t message_bytes = 0;
+  for (size_t r = 0; r < lw; ++r) message_bytes += engine::wire::encode_roles(load_plan, roles, r).size();
   out["load_coordinator_s"] = now_s() - t0;
   out["load_coordinator_cpu_s"] = cpu_s() - c0;
-  out["load_coordinator_breakdown_cpu_s"] = {{"plan_load", c1 - c0}, {"assign_roles", cpu_s() - c1}};
+  out["load_coordinator_breakdown_cpu_s"] = {
+      {"plan_load", c1 - c0}, {"assign_roles", c2 - c1}, {"encode_roles", cpu_s() - c2}};
+  out["load_roles_message_bytes"] = message_bytes;
   out["load_roles_digest"] = roles_digest(load_plan, roles);
   out["load_requests"] = nrequests;
   out["load_groups"] = load_plan.groups.size();
@@ -689,15 +697,18 @@ int main(int argc, char** argv) {
 
   std::vector<size_t> reads_per_rank(lw, 0);
   for (size_t r = 0; r < lw; ++r)
-    for (const auto& role : roles[r]) reads_per_rank[r] += role.role == planner::Role::kRead;
+    for (size_t i = 0; i < roles.items(r); ++i)
+      if (const int32_t g = roles.group(r, i); g >= 0)
+        reads_per_rank[r] += load_plan.groups[g].reader == static_cast<int>(r);
   const std::vector<int> load_sample = rank_sample(o.load, reads_per_rank, o.all_ranks, &sample_how);
   Slowest loads;
   RankLoadWork slowest_work;
   for (int r : load_sample) {
     const auto wants = load_wants(o, loading, info, loader_blobs, r);  // the rank's state description, not planning
+    const std::vector<planner::ItemRole> rank_roles = roles.roles_of(load_plan, static_cast<size_t>(r));  // as received
     RankLoadWork best;
     for (int k = 0; k < o.repeats; ++k) {
-      const RankLoadWork work = plan_one_rank_load(info, wants, roles[static_cast<size_t>(r)]);
+      const RankLoadWork work = plan_one_rank_load(info, wants, rank_roles);
       if (k == 0 || work.total_s() < best.total_s()) best = work;
     }
     if (best.total_s() * 1e3 > loads.ms) slowest_work = best;
@@ -717,8 +728,9 @@ int main(int argc, char** argv) {
     const auto wants = load_wants(o, loading, info, loader_blobs, loads.rank);
     double best = 0;
     std::vector<std::vector<storage::CheckedSpan>> scanned;
+    const std::vector<planner::ItemRole> rank_roles = roles.roles_of(load_plan, static_cast<size_t>(loads.rank));
     for (int k = 0; k < o.repeats; ++k) {
-      const double dt = scan_lookup_s(info, wants, roles[static_cast<size_t>(loads.rank)], &scanned);
+      const double dt = scan_lookup_s(info, wants, rank_roles, &scanned);
       best = k == 0 ? dt : std::min(best, dt);
     }
     out["load_region_scan_ms_slowest_rank"] = best * 1e3;

@@ -129,7 +129,7 @@ Outcome plan_job(const Job& job, bool dedup) {
     std::vector<StoredTensor> stored(job.wants[r].size());
     for (size_t i = 0; i < stored.size(); ++i)
       if (!job.wants[r][i].skip) stored[i] = job.stored.at(job.wants[r][i].desc.key);
-    out.plans.push_back(plan_rank_load(roles[r], job.wants[r], stored, /*file_order=*/true));
+    out.plans.push_back(plan_rank_load(roles.roles_of(out.global, r), job.wants[r], stored, /*file_order=*/true));
   }
   return out;
 }
@@ -301,9 +301,9 @@ TEST(LoadPlan, DeviceAndHostDestinationsNeverShareAGroup) {
     job.wants[r].push_back(LoadWant{{"model/w", DType::kF32, Shape{8, 8}, ShardSpec::whole(Shape{8, 8})}, r % 2 == 0});
   const Outcome o = plan_job(job, true);
   ASSERT_EQ(o.global.groups.size(), 2u);
-  for (const LoadGroup& g : o.global.groups) {
+  for (size_t g = 0; g < o.global.groups.size(); ++g) {
     std::set<bool> kinds;
-    for (const auto& m : g.members) kinds.insert(job.wants[m.rank][m.item].on_device);
+    for (const auto& m : o.global.members_of(g)) kinds.insert(job.wants[m.rank][m.item].on_device);
     EXPECT_EQ(kinds.size(), 1u) << "a group mixes device and host destinations";
   }
   for (int r = 0; r < 4; ++r) {
@@ -378,15 +378,24 @@ TEST(LoadPlan, RequestsDifferWhenAnythingThatChangesTheBytesDiffers) {
 }
 
 // plan_load written out plainly: groups by signature in a std::map in order of first appearance,
-// members in request order, worst-fit by a stable sort.
-LoadPlan reference_plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool dedup) {
-  LoadPlan plan;
+// each with its own vector of members in request order, worst-fit by a stable sort.
+struct ReferenceGroup {
+  std::vector<LoadMember> members;
+  int reader = -1;
+  uint64_t bytes = 0;
+};
+struct ReferencePlan {
+  std::vector<ReferenceGroup> groups;
+  std::vector<uint64_t> read_bytes_by_rank;
+};
+ReferencePlan reference_plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool dedup) {
+  ReferencePlan plan;
   std::map<std::string, size_t> group_of;
   for (size_t r = 0; r < ranks.size(); ++r)
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       const LoadRequest& q = ranks[r][i];
       auto [it, fresh] = group_of.try_emplace(q.signature, plan.groups.size());
-      if (!dedup || fresh) plan.groups.push_back(LoadGroup{{}, -1, q.bytes});
+      if (!dedup || fresh) plan.groups.push_back(ReferenceGroup{{}, -1, q.bytes});
       plan.groups[dedup ? it->second : plan.groups.size() - 1].members.push_back(
           {static_cast<int>(r), static_cast<int>(i)});
     }
@@ -396,7 +405,7 @@ LoadPlan reference_plan_load(const std::vector<std::vector<LoadRequest>>& ranks,
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return plan.groups[a].bytes > plan.groups[b].bytes; });
   for (size_t g : order) {
-    LoadGroup& grp = plan.groups[g];
+    ReferenceGroup& grp = plan.groups[g];
     for (const auto& m : grp.members)
       if (grp.reader < 0 || plan.read_bytes_by_rank[m.rank] < plan.read_bytes_by_rank[grp.reader]) grp.reader = m.rank;
     plan.read_bytes_by_rank[grp.reader] += grp.bytes;
@@ -404,10 +413,10 @@ LoadPlan reference_plan_load(const std::vector<std::vector<LoadRequest>>& ranks,
   return plan;
 }
 
-TEST(LoadPlan, GroupsEqualAPlainReferenceOnManyRequests) {
-  // 64 ranks, 300 requests each, over 2,500 signatures of 1 to 300 bytes (the table grows several
-  // times; short signatures and lengths that are not a multiple of 8 take the hash's tail), some
-  // wanted twice by one rank, a few differing from another only in their last byte.
+// 64 ranks, 300 requests each, over 2,500 signatures of 1 to 300 bytes (the table grows several
+// times; short signatures and lengths that are not a multiple of 8 take the hash's tail), some
+// wanted twice by one rank, a few differing from another only in their last byte.
+std::vector<std::vector<LoadRequest>> random_requests() {
   std::vector<std::string> signatures;
   uint64_t x = 88172645463325252ull;
   auto next = [&] {
@@ -431,22 +440,97 @@ TEST(LoadPlan, GroupsEqualAPlainReferenceOnManyRequests) {
       const std::string& sig = signatures[next() % signatures.size()];
       requests.push_back(LoadRequest{sig, 1 + std::hash<std::string>{}(sig) % 4096});
     }
+  return ranks;
+}
+
+TEST(LoadPlan, GroupsEqualAPlainReferenceOnManyRequests) {
+  const auto ranks = random_requests();
   for (bool dedup : {true, false}) {
-    const LoadPlan got = plan_load(ranks, dedup), want = reference_plan_load(ranks, dedup);
+    const LoadPlan got = plan_load(ranks, dedup);
+    const ReferencePlan want = reference_plan_load(ranks, dedup);
     ASSERT_EQ(got.groups.size(), want.groups.size()) << "dedup " << dedup;
     if (dedup) EXPECT_GT(want.groups.size(), 2000u);  // most signatures were wanted, many more than once
+    size_t members = 0;
     for (size_t g = 0; g < want.groups.size(); ++g) {
-      const LoadGroup &a = got.groups[g], &b = want.groups[g];
+      const LoadGroup& a = got.groups[g];
+      const ReferenceGroup& b = want.groups[g];
       EXPECT_EQ(a.bytes, b.bytes) << "group " << g;
       EXPECT_EQ(a.reader, b.reader) << "group " << g;
-      ASSERT_EQ(a.members.size(), b.members.size()) << "group " << g;
-      for (size_t m = 0; m < a.members.size(); ++m) {
-        EXPECT_EQ(a.members[m].rank, b.members[m].rank) << "group " << g << " member " << m;
-        EXPECT_EQ(a.members[m].item, b.members[m].item) << "group " << g << " member " << m;
+      const auto got_members = got.members_of(g);
+      ASSERT_EQ(got_members.size(), b.members.size()) << "group " << g;
+      for (size_t m = 0; m < b.members.size(); ++m) {
+        EXPECT_EQ(got_members[m].rank, b.members[m].rank) << "group " << g << " member " << m;
+        EXPECT_EQ(got_members[m].item, b.members[m].item) << "group " << g << " member " << m;
       }
+      members += b.members.size();
     }
+    EXPECT_EQ(got.members.size(), members);  // no member outside a group
     EXPECT_EQ(got.read_bytes_by_rank, want.read_bytes_by_rank);
   }
+}
+
+TEST(LoadPlan, RolesEqualAPlainReferenceWithSkippedItems) {
+  // The random requests as the items of ranks that also skip every seventh item (items not in
+  // the checkpoint hold a place but make no request), so request and item indices differ; rank 5
+  // also wants one tensor twice that no other rank wants (a group within one rank).
+  auto ranks = random_requests();
+  ranks[5].push_back(LoadRequest{"only rank 5 wants this", 64});
+  ranks[5].push_back(LoadRequest{"only rank 5 wants this", 64});
+  std::vector<std::vector<int>> item_of(ranks.size());
+  std::vector<size_t> items(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    int item = 0;
+    for (size_t k = 0; k < ranks[r].size(); ++k, ++item) {
+      if ((item + static_cast<int>(r)) % 7 == 0) ++item;  // a skipped item before this request's
+      item_of[r].push_back(item);
+    }
+    items[r] = static_cast<size_t>(item) + r % 2;  // odd ranks end with a skipped item
+  }
+  const LoadPlan plan = plan_load(ranks, true);
+  const ReferencePlan ref = reference_plan_load(ranks, true);
+  const RoleTable table = assign_roles(plan, item_of, items);
+  ASSERT_EQ(table.ranks(), ranks.size());
+  // Roles written out plainly from the reference plan: the reader reads and sends to every other
+  // member's rank (a rank wanting the bytes twice is sent nothing), the others receive from it.
+  size_t reads = 0, receives = 0, self_only = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::vector<ItemRole> want(items[r]);
+    for (size_t g = 0; g < ref.groups.size(); ++g)
+      for (const LoadMember& m : ref.groups[g].members) {
+        if (m.rank != static_cast<int>(r)) continue;
+        ItemRole& role = want[static_cast<size_t>(item_of[r][static_cast<size_t>(m.item)])];
+        role.group = static_cast<int32_t>(g);
+        if (ref.groups[g].reader == m.rank) {
+          role.role = Role::kRead;
+          for (const LoadMember& o : ref.groups[g].members)
+            if (o.rank != m.rank) role.targets.push_back(o.rank);
+          self_only += role.targets.empty() && ref.groups[g].members.size() > 1;
+          ++reads;
+        } else {
+          role.role = Role::kReceive;
+          role.peer = ref.groups[g].reader;
+          ++receives;
+        }
+      }
+    ASSERT_EQ(table.items(r), items[r]) << "rank " << r;
+    const std::vector<ItemRole> got = table.roles_of(plan, r);
+    ASSERT_EQ(got.size(), want.size()) << "rank " << r;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "rank " << r << " item " << i;
+      EXPECT_EQ(table.group(r, i), want[i].role == Role::kSkip ? -1 : want[i].group) << "rank " << r << " item " << i;
+    }
+  }
+  EXPECT_GT(reads, 2000u);
+  EXPECT_GT(receives, 10000u);
+  EXPECT_GE(self_only, 2u);  // rank 5's two items read, sent to no one
+  size_t within_one_rank = 0;
+  for (size_t g = 0; g < ref.groups.size(); ++g) {
+    bool crosses = false;
+    for (const LoadMember& m : ref.groups[g].members) crosses = crosses || m.rank != ref.groups[g].reader;
+    EXPECT_EQ(plan.crosses_ranks(g), crosses) << "group " << g;
+    within_one_rank += !crosses;
+  }
+  EXPECT_GE(within_one_rank, 1u);
 }
 
 TEST(SavePlan, WritesSplitLargeRegionsIntoConsecutivePieces) {

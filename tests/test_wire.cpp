@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/wire.h"
+#include "planner/load_planner.h"
 #include "util/bytes.h"
 
 namespace h5ckpt::engine::wire {
@@ -172,6 +173,34 @@ TEST(Wire, RolesRoundTripAndRejectBrokenMessages) {
   const int32_t role = 7;
   std::memcpy(bad_role.data() + 8, &role, sizeof role);
   EXPECT_FALSE(decode_roles(bad_role).ok());
+}
+
+TEST(Wire, RolesFromTheCoordinatorsTableDecodeAsTheRanksRoles) {
+  // Three ranks: a tensor all want (rank 0 reads, sends to 1 and 2), one wanted twice by rank 1
+  // alone (read, sent to no one), one by ranks 1 and 2; rank 2 skips its first item.
+  const std::vector<std::vector<planner::LoadRequest>> reqs{
+      {{"all", 40}}, {{"all", 40}, {"one", 8}, {"one", 8}, {"pair", 16}}, {{"all", 40}, {"pair", 16}}};
+  const std::vector<std::vector<int>> item_of{{0}, {0, 1, 2, 3}, {1, 2}};
+  const planner::LoadPlan plan = planner::plan_load(reqs, true);
+  const planner::RoleTable table = planner::assign_roles(plan, item_of, {1, 4, 3});
+  using planner::Role;
+  const int pair_reader = plan.groups[table.group(1, 3)].reader;
+  const std::vector<std::vector<planner::ItemRole>> want{
+      {{Role::kRead, 0, -1, {1, 2}}},
+      {{Role::kReceive, 0, 0, {}},
+       {Role::kRead, 1, -1, {}},
+       {Role::kRead, 1, -1, {}},
+       pair_reader == 1 ? planner::ItemRole{Role::kRead, 2, -1, {2}} : planner::ItemRole{Role::kReceive, 2, 2, {}}},
+      {{Role::kSkip, 0, -1, {}},
+       {Role::kReceive, 0, 0, {}},
+       pair_reader == 2 ? planner::ItemRole{Role::kRead, 2, -1, {1}} : planner::ItemRole{Role::kReceive, 2, 1, {}}}};
+  for (size_t r = 0; r < 3; ++r) {
+    const std::string msg = encode_roles(plan, table, r);
+    EXPECT_EQ(msg, encode_roles(table.roles_of(plan, r))) << "rank " << r;
+    auto back = decode_roles(msg);
+    ASSERT_TRUE(back.ok()) << "rank " << r;
+    EXPECT_EQ(*back, want[r]) << "rank " << r;
+  }
 }
 
 TEST(Wire, RequestsChecksumsAndPairsRoundTrip) {

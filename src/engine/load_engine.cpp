@@ -370,21 +370,22 @@ Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags
         item_of[r].push_back(static_cast<int>(i));
       }
     }
-    std::vector<std::vector<planner::ItemRole>> roles(world);
+    planner::LoadPlan plan;
+    planner::RoleTable roles;
     int flags[2] = {0, 0};
     if (decoded) {
-      const planner::LoadPlan plan = planner::plan_load(reqs, zero_redundancy);
+      plan = planner::plan_load(reqs, zero_redundancy);
       roles = planner::assign_roles(plan, item_of, items);
       for (size_t r = 0; r < world; ++r)
-        for (size_t i = 0; i < roles[r].size(); ++i)
-          if (roles[r][i].role != Role::kSkip && on_device[r][i]) {
+        for (size_t i = 0; i < roles.items(r); ++i)
+          if (const int32_t g = roles.group(r, i); g >= 0 && on_device[r][i]) {
             flags[0] = 1;
-            if (!roles[r][i].targets.empty() || roles[r][i].role == Role::kReceive) flags[1] = 1;
+            if (plan.crosses_ranks(static_cast<size_t>(g))) flags[1] = 1;  // a replica to send or receive
           }
     }
     for (size_t r = 0; r < world; ++r) {
       // A rank whose requests did not decode gets no roles: its own check below fails the load.
-      std::string part = decoded ? wire::encode_roles(roles[r]) : std::string();
+      std::string part = decoded ? wire::encode_roles(plan, roles, r) : std::string();
       part.push_back(static_cast<char>(flags[0]));
       part.push_back(static_cast<char>(flags[1]));
       parts.push_back(std::move(part));

@@ -1,5 +1,6 @@
 #include "engine/wire.h"
 
+#include <cstring>
 #include <unordered_map>
 
 #include "comm/comm.h"
@@ -197,15 +198,56 @@ Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes) 
   return out;
 }
 
+namespace {
+
+// A role's fixed fields (role, group, peer, target count) in one append: the coordinator writes
+// 3 million of them at 8,960 ranks.
+void put_role(ByteWriter& w, planner::Role role, int32_t group, int32_t peer, uint64_t targets) {
+  char head[kMinRoleBytes];
+  const int32_t r = static_cast<int32_t>(role);
+  std::memcpy(head, &r, 4);
+  std::memcpy(head + 4, &group, 4);
+  std::memcpy(head + 8, &peer, 4);
+  std::memcpy(head + 12, &targets, 8);
+  w.put_bytes(head, sizeof head);
+}
+
+}  // namespace
+
 std::string encode_roles(const std::vector<planner::ItemRole>& roles) {
   ByteWriter w;
   w.put<uint64_t>(roles.size());
   for (const auto& x : roles) {
-    w.put<int32_t>(static_cast<int32_t>(x.role));
-    w.put<int32_t>(x.group);
-    w.put<int32_t>(x.peer);
-    w.put<uint64_t>(x.targets.size());
+    put_role(w, x.role, x.group, x.peer, x.targets.size());
     for (int32_t t : x.targets) w.put<int32_t>(t);
+  }
+  return std::move(w.str());
+}
+
+std::string encode_roles(const planner::LoadPlan& plan, const planner::RoleTable& table, size_t rank) {
+  ByteWriter w;
+  const size_t n = table.items(rank);
+  w.reserve(8 + n * kMinRoleBytes);  // and a reader's targets
+  w.put<uint64_t>(n);
+  // Items' groups lie anywhere among the plan's 730,000 (8,960 ranks): each is asked for ahead.
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n)
+      if (const int32_t a = table.group(rank, i + kAhead); a >= 0) __builtin_prefetch(&plan.groups[a]);
+    const int32_t g = table.group(rank, i);
+    const int reader = g < 0 ? -1 : plan.groups[g].reader;
+    const bool reads = g >= 0 && reader == static_cast<int>(rank);
+    const planner::Role role = g < 0 ? planner::Role::kSkip : reads ? planner::Role::kRead : planner::Role::kReceive;
+    if (!reads) {
+      put_role(w, role, g < 0 ? 0 : g, role == planner::Role::kReceive ? reader : -1, 0);
+      continue;
+    }
+    const auto members = plan.members_of(static_cast<size_t>(g));
+    uint64_t targets = 0;
+    for (const planner::LoadMember& m : members) targets += m.rank != reader;
+    put_role(w, role, g, -1, targets);
+    for (const planner::LoadMember& m : members)
+      if (m.rank != reader) w.put<int32_t>(m.rank);
   }
   return std::move(w.str());
 }

@@ -40,6 +40,8 @@ Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes);
 
 /// Load planning, down from the coordinator: one role per item of a rank.
 std::string encode_roles(const std::vector<planner::ItemRole>& roles);
+/// The same message for rank `rank`, from the coordinator's table without expanding its roles.
+std::string encode_roles(const planner::LoadPlan& plan, const planner::RoleTable& table, size_t rank);
 Result<std::vector<planner::ItemRole>> decode_roles(const std::string& bytes);
 
 /// Save commit, up to the coordinator: the verification blocks of every region a rank wrote.

@@ -25,6 +25,8 @@ class ByteWriter {
     put<uint64_t>(v.size());
     buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
   }
+  void put_bytes(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
+  void reserve(size_t bytes) { buf_.reserve(bytes); }
   std::string& str() { return buf_; }
 
  private:
