@@ -661,39 +661,39 @@ int main(int argc, char** argv) {
   const std::vector<const TensorInfo*> loader_blobs = loader_blobs_of(info);
   out["load_stage_split"] = loading.stage_split;
   const size_t lw = static_cast<size_t>(o.load.world());
-  std::vector<std::vector<planner::LoadRequest>> requests(lw);
-  std::vector<std::vector<int>> item_of(lw);
-  std::vector<size_t> counts(lw);
+  // Every rank's requests message, as the ranks send them up the tree (their own work, not timed).
+  std::vector<std::string> gathered(lw);
   size_t nrequests = 0;
   for (size_t r = 0; r < lw; ++r) {
     const auto wants = load_wants(o, loading, info, loader_blobs, static_cast<int>(r));
-    counts[r] = wants.size();
-    for (size_t i = 0; i < wants.size(); ++i) {
-      requests[r].push_back(planner::make_request(wants[i]));
-      item_of[r].push_back(static_cast<int>(i));
-    }
+    std::vector<engine::wire::LoadRequestEntry> entries(wants.size());
+    for (size_t i = 0; i < wants.size(); ++i) entries[i].request = planner::make_request(wants[i]);
+    gathered[r] = engine::wire::encode_requests(entries);
     nrequests += wants.size();
   }
+  // The coordinator's part, as the engine's (plan_roles): the messages decoded (signatures viewed
+  // in them), the groups, the roles, and every rank's roles message (their bytes summed, so that
+  // the work cannot be left out).
   t0 = now_s();
   c0 = cpu_s();
-  const planner::LoadPlan load_plan = planner::plan_load(requests, /*deduplicate=*/true);
+  engine::wire::GatheredRequests in = check(engine::wire::decode_gathered_requests(gathered), "requests");
   const double c1 = cpu_s();
-  const planner::RoleTable roles = planner::assign_roles(load_plan, item_of, counts);
+  const planner::LoadPlan load_plan = planner::plan_load(in.requests, /*deduplicate=*/true);
   const double c2 = cpu_s();
-  // Every rank's roles message, as the coordinator sends them (their bytes summed, so that the
-  // work cannot be left out).
+  const planner::RoleTable roles = planner::assign_roles(load_plan, in.item_of, in.items);
+  const double c3 = cpu_s();
   uint64_t message_bytes = 0;
   for (size_t r = 0; r < lw; ++r) message_bytes += engine::wire::encode_roles(load_plan, roles, r).size();
   out["load_coordinator_s"] = now_s() - t0;
   out["load_coordinator_cpu_s"] = cpu_s() - c0;
   out["load_coordinator_breakdown_cpu_s"] = {
-      {"plan_load", c1 - c0}, {"assign_roles", c2 - c1}, {"encode_roles", cpu_s() - c2}};
+      {"decode_requests", c1 - c0}, {"plan_load", c2 - c1}, {"assign_roles", c3 - c2}, {"encode_roles", cpu_s() - c3}};
   out["load_roles_message_bytes"] = message_bytes;
   out["load_roles_digest"] = roles_digest(load_plan, roles);
   out["load_requests"] = nrequests;
   out["load_groups"] = load_plan.groups.size();
-  requests.clear();
-  requests.shrink_to_fit();
+  in = {};
+  gathered = {};
 
   std::vector<size_t> reads_per_rank(lw, 0);
   for (size_t r = 0; r < lw; ++r)

@@ -203,6 +203,34 @@ TEST(Wire, RolesFromTheCoordinatorsTableDecodeAsTheRanksRoles) {
   }
 }
 
+TEST(Wire, GatheredRequestsViewTheirMessagesAndSkipNothingButSkippedItems) {
+  // Rank 0 sends sample_requests() (its second item skipped), rank 1 no items, rank 2 one.
+  const std::vector<std::string> messages{encode_requests(sample_requests()), encode_requests({}),
+                                          encode_requests({{false, false, {"sig-c", 3}}})};
+  auto in = decode_gathered_requests(messages);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  EXPECT_EQ(in->items, (std::vector<size_t>{3, 0, 1}));
+  EXPECT_EQ(in->item_of, (std::vector<std::vector<int>>{{0, 2}, {}, {0}}));
+  EXPECT_EQ(in->on_device, (std::vector<std::vector<char>>{{1, 0, 0}, {}, {0}}));
+  ASSERT_EQ(in->requests[0].size(), 2u);
+  EXPECT_EQ(in->requests[0][0].signature, "sig-a");
+  EXPECT_EQ(in->requests[0][0].bytes, 128u);
+  EXPECT_EQ(in->requests[0][1].signature, "sig-b");
+  EXPECT_EQ(in->requests[0][1].bytes, 7u);
+  EXPECT_EQ(in->requests[2][0].signature, "sig-c");
+  // The views lie in the messages (nothing copied).
+  const char* m0 = messages[0].data();
+  EXPECT_TRUE(in->requests[0][1].signature.data() > m0 &&
+              in->requests[0][1].signature.data() < m0 + messages[0].size());
+  // One rank's broken message fails the whole decode.
+  std::vector<std::string> broken = messages;
+  broken[2].pop_back();
+  EXPECT_FALSE(decode_gathered_requests(broken).ok());
+  broken = messages;
+  broken[0].push_back('\0');
+  EXPECT_FALSE(decode_gathered_requests(broken).ok());
+}
+
 TEST(Wire, RequestsChecksumsAndPairsRoundTrip) {
   const auto reqs = sample_requests();
   const std::string rmsg = encode_requests(reqs);

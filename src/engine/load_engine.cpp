@@ -351,34 +351,17 @@ Result<std::vector<planner::ItemRole>> plan_roles(LoadRun& run, int device_flags
   std::vector<std::string> parts;
   if (run.coordinator()) {
     const size_t world = gathered.size();
-    std::vector<std::vector<planner::LoadRequest>> reqs(world);
-    std::vector<std::vector<int>> item_of(world);  // request -> item index
-    std::vector<std::vector<char>> on_device(world);
-    std::vector<size_t> items(world, 0);
-    bool decoded = true;
-    for (size_t r = 0; r < world && decoded; ++r) {
-      auto entries = wire::decode_requests(gathered[r]);
-      if (!entries.ok()) {
-        decoded = false;
-        break;
-      }
-      items[r] = entries->size();
-      for (size_t i = 0; i < entries->size(); ++i) {
-        on_device[r].push_back((*entries)[i].on_device);
-        if ((*entries)[i].skip) continue;
-        reqs[r].push_back(std::move((*entries)[i].request));
-        item_of[r].push_back(static_cast<int>(i));
-      }
-    }
+    const Result<wire::GatheredRequests> in = wire::decode_gathered_requests(gathered);  // views into `gathered`
+    const bool decoded = in.ok();
     planner::LoadPlan plan;
     planner::RoleTable roles;
     int flags[2] = {0, 0};
     if (decoded) {
-      plan = planner::plan_load(reqs, zero_redundancy);
-      roles = planner::assign_roles(plan, item_of, items);
+      plan = planner::plan_load(in->requests, zero_redundancy);
+      roles = planner::assign_roles(plan, in->item_of, in->items);
       for (size_t r = 0; r < world; ++r)
         for (size_t i = 0; i < roles.items(r); ++i)
-          if (const int32_t g = roles.group(r, i); g >= 0 && on_device[r][i]) {
+          if (const int32_t g = roles.group(r, i); g >= 0 && in->on_device[r][i]) {
             flags[0] = 1;
             if (plan.crosses_ranks(static_cast<size_t>(g))) flags[1] = 1;  // a replica to send or receive
           }

@@ -183,18 +183,62 @@ std::string encode_requests(const std::vector<LoadRequestEntry>& requests) {
   return std::move(w.str());
 }
 
-Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes) {
+namespace {
+
+// Parses a requests message, handing each entry to `f(skip, on_device, request)` with its
+// signature viewed in `bytes`; the count is read first (`f_count(n)`), to size the output.
+template <class Count, class Entry>
+Status for_each_request(const std::string& bytes, Count&& f_count, Entry&& f) {
   ByteReader r(bytes);
-  std::vector<LoadRequestEntry> out(r.get_count(kMinRequestBytes));
-  for (auto& q : out) {
+  const uint64_t n = r.get_count(kMinRequestBytes);
+  f_count(n);
+  for (uint64_t i = 0; i < n && r.ok(); ++i) {
     const uint8_t flags = r.get<uint8_t>();
-    q.skip = (flags & 1) != 0;
-    q.on_device = (flags & 2) != 0;
-    q.request.signature = r.get_string();
-    q.request.bytes = r.get<uint64_t>();
-    if (!r.ok()) break;
+    planner::RequestView q;
+    q.signature = r.get_string_view();
+    q.bytes = r.get<uint64_t>();
+    if (r.ok()) f((flags & 1) != 0, (flags & 2) != 0, q);
   }
   if (!r.ok() || !r.at_end()) return malformed("load request");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<GatheredRequests> decode_gathered_requests(const std::vector<std::string>& messages) {
+  GatheredRequests in;
+  const size_t world = messages.size();
+  in.requests.resize(world);
+  in.item_of.resize(world);
+  in.on_device.resize(world);
+  in.items.assign(world, 0);
+  for (size_t r = 0; r < world; ++r) {
+    H5CKPT_RETURN_IF_ERROR(for_each_request(
+        messages[r],
+        [&](uint64_t n) {
+          in.requests[r].reserve(n);
+          in.item_of[r].reserve(n);
+          in.on_device[r].reserve(n);
+        },
+        [&](bool skip, bool on_device, const planner::RequestView& q) {
+          const int item = static_cast<int>(in.on_device[r].size());
+          in.on_device[r].push_back(on_device);
+          if (skip) return;
+          in.requests[r].push_back(q);
+          in.item_of[r].push_back(item);
+        }));
+    in.items[r] = in.on_device[r].size();
+  }
+  return in;
+}
+
+Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes) {
+  std::vector<LoadRequestEntry> out;
+  H5CKPT_RETURN_IF_ERROR(for_each_request(
+      bytes, [&](uint64_t n) { out.reserve(n); },
+      [&](bool skip, bool on_device, const planner::RequestView& q) {
+        out.push_back({skip, on_device, {std::string(q.signature), q.bytes}});
+      }));
   return out;
 }
 

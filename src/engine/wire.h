@@ -37,6 +37,14 @@ struct LoadRequestEntry {
 };
 std::string encode_requests(const std::vector<LoadRequestEntry>& requests);
 Result<std::vector<LoadRequestEntry>> decode_requests(const std::string& bytes);
+/// Every rank's requests message as the coordinator plans them (signatures viewed in `messages`).
+struct GatheredRequests {
+  std::vector<std::vector<planner::RequestView>> requests;  ///< per rank; skipped items make none
+  std::vector<std::vector<int>> item_of;                    ///< per rank: each request's item index
+  std::vector<std::vector<char>> on_device;                 ///< per rank and item
+  std::vector<size_t> items;                                ///< per rank: its item count
+};
+Result<GatheredRequests> decode_gathered_requests(const std::vector<std::string>& messages);
 
 /// Load planning, down from the coordinator: one role per item of a rank.
 std::string encode_roles(const std::vector<planner::ItemRole>& roles);

@@ -69,11 +69,11 @@ class SignatureGroups {
   void prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[hash & (slots_.size() - 1)]); }
 
   // The group of `signature` (whose hash is `h`), added when new.
-  uint32_t find_or_add(const std::string& signature, uint64_t h) {
+  uint32_t find_or_add(std::string_view signature, uint64_t h) {
     const uint32_t next = static_cast<uint32_t>(seeds_.size());
     const uint32_t g = find_or_insert_id(
-        slots_, h, next, [&](uint32_t g) { return seeds_[g].hash == h && *seeds_[g].signature == signature; });
-    if (g == next) seeds_.push_back(Seed{h, &signature});
+        slots_, h, next, [&](uint32_t g) { return seeds_[g].hash == h && seeds_[g].signature == signature; });
+    if (g == next) seeds_.push_back(Seed{h, signature});
     return g;
   }
   size_t size() const { return seeds_.size(); }
@@ -81,7 +81,7 @@ class SignatureGroups {
  private:
   struct Seed {
     uint64_t hash;
-    const std::string* signature;  // the first request's
+    std::string_view signature;  // the first request's
   };
   void grow() {
     rehash_ids(slots_, static_cast<uint32_t>(seeds_.size()), 1024, [&](uint32_t g) { return seeds_[g].hash; });
@@ -93,6 +93,13 @@ class SignatureGroups {
 }  // namespace
 
 LoadPlan plan_load(const std::vector<std::vector<LoadRequest>>& ranks, bool deduplicate) {
+  std::vector<std::vector<RequestView>> views(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (const LoadRequest& q : ranks[r]) views[r].push_back(RequestView{q.signature, q.bytes});
+  return plan_load(views, deduplicate);
+}
+
+LoadPlan plan_load(const std::vector<std::vector<RequestView>>& ranks, bool deduplicate) {
   LoadPlan plan;
   size_t total = 0;
   for (const auto& r : ranks) total += r.size();

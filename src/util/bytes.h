@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -56,10 +57,12 @@ class ByteReader {
     }
     return n;
   }
-  std::string get_string() {
+  std::string get_string() { return std::string(get_string_view()); }
+  /// A view into the reader's bytes, which must outlive it.
+  std::string_view get_string_view() {
     uint64_t n = get_count(1);
     if (!need(n)) return {};
-    std::string s(p_, n);
+    const std::string_view s(p_, n);
     p_ += n;
     return s;
   }
