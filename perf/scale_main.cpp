@@ -568,16 +568,34 @@ int main(int argc, char** argv) {
   // ---- save: every rank's items, the coordinator's plan, each rank's writes ----
   const ModelLayout saving = make_layout(o, o.save);
   out["save_stage_split"] = saving.stage_split;
-  std::vector<std::vector<planner::ItemDesc>> items(static_cast<size_t>(o.save.world()));
+  // Every rank's items message, as the ranks send them up the tree (their own work, not timed).
+  std::vector<std::string> gathered_items(static_cast<size_t>(o.save.world()));
   size_t nitems = 0;
   for (int r = 0; r < o.save.world(); ++r) {
-    items[static_cast<size_t>(r)] = save_items(o, saving, r);
-    nitems += items[static_cast<size_t>(r)].size();
+    const std::vector<planner::ItemDesc> own = save_items(o, saving, r);
+    gathered_items[static_cast<size_t>(r)] = engine::wire::encode_items(own);
+    nitems += own.size();
   }
-  double t0 = now_s(), c0 = cpu_s();
+  // The coordinator's part, as the engine's (plan_globally): the messages decoded, the plan, the
+  // plan's message to every rank.
+  double c0 = cpu_s();
+  std::vector<std::vector<planner::ItemDesc>> items(gathered_items.size());
+  for (size_t r = 0; r < gathered_items.size(); ++r)
+    items[r] = check(engine::wire::decode_items(gathered_items[r]), "decode_items");
+  const double decode_items_cpu_s = cpu_s() - c0;
+  gathered_items = {};
+  double t0 = now_s();
+  c0 = cpu_s();
   planner::SavePlan plan = check(planner::plan_save(items), "plan_save");
   const double plan_save_s = now_s() - t0, plan_save_cpu_s = cpu_s() - c0;
+  c0 = cpu_s();
+  const size_t plan_message_bytes = engine::wire::encode_tensors(plan.tensors).size();
+  const double encode_plan_cpu_s = cpu_s() - c0;
   out["plan_save_cpu_s"] = plan_save_cpu_s;
+  out["save_coordinator_cpu_s"] = decode_items_cpu_s + plan_save_cpu_s + encode_plan_cpu_s;
+  out["save_coordinator_breakdown_cpu_s"] = {
+      {"decode_items", decode_items_cpu_s}, {"plan_save", plan_save_cpu_s}, {"encode_plan", encode_plan_cpu_s}};
+  out["save_plan_message_bytes"] = plan_message_bytes;
   out["save_plan_digest"] = save_plan_digest(plan);
   {
     // The floor under the scan, in the same run: one plain pass reading what it reads of every
