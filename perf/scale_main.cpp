@@ -716,8 +716,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> reads_per_rank(lw, 0);
   for (size_t r = 0; r < lw; ++r)
     for (size_t i = 0; i < roles.items(r); ++i)
-      if (const int32_t g = roles.group(r, i); g >= 0)
-        reads_per_rank[r] += load_plan.groups[g].reader == static_cast<int>(r);
+      reads_per_rank[r] += roles.role_head(load_plan, r, i).role == planner::Role::kRead;
   const std::vector<int> load_sample = rank_sample(o.load, reads_per_rank, o.all_ranks, &sample_how);
   Slowest loads;
   RankLoadWork slowest_work;

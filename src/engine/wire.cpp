@@ -278,18 +278,16 @@ std::string encode_roles(const planner::LoadPlan& plan, const planner::RoleTable
   for (size_t i = 0; i < n; ++i) {
     if (i + kAhead < n)
       if (const int32_t a = table.group(rank, i + kAhead); a >= 0) __builtin_prefetch(&plan.groups[a]);
-    const int32_t g = table.group(rank, i);
-    const int reader = g < 0 ? -1 : plan.groups[g].reader;
-    const bool reads = g >= 0 && reader == static_cast<int>(rank);
-    const planner::Role role = g < 0 ? planner::Role::kSkip : reads ? planner::Role::kRead : planner::Role::kReceive;
-    if (!reads) {
-      put_role(w, role, g < 0 ? 0 : g, role == planner::Role::kReceive ? reader : -1, 0);
+    const planner::ItemRole role = table.role_head(plan, rank, i);
+    if (role.role != planner::Role::kRead) {
+      put_role(w, role.role, role.group, role.peer, 0);
       continue;
     }
-    const auto members = plan.members_of(static_cast<size_t>(g));
+    const int reader = static_cast<int>(rank);
+    const auto members = plan.members_of(static_cast<size_t>(role.group));
     uint64_t targets = 0;
     for (const planner::LoadMember& m : members) targets += m.rank != reader;
-    put_role(w, role, g, -1, targets);
+    put_role(w, role.role, role.group, role.peer, targets);
     for (const planner::LoadMember& m : members)
       if (m.rank != reader) w.put<int32_t>(m.rank);
   }

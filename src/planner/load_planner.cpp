@@ -181,23 +181,30 @@ RoleTable assign_roles(const LoadPlan& plan, const std::vector<std::vector<int>>
   return table;
 }
 
+ItemRole RoleTable::role_head(const LoadPlan& plan, size_t rank, size_t item) const {
+  ItemRole role;
+  const int32_t g = group(rank, item);
+  if (g < 0) return role;
+  role.group = g;
+  const int reader = plan.groups[g].reader;
+  if (static_cast<int>(rank) == reader) {
+    role.role = Role::kRead;
+  } else {
+    role.role = Role::kReceive;
+    role.peer = reader;
+  }
+  return role;
+}
+
 std::vector<ItemRole> RoleTable::roles_of(const LoadPlan& plan, size_t rank) const {
   std::vector<ItemRole> roles(items(rank));
   for (size_t i = 0; i < roles.size(); ++i) {
-    const int32_t g = group(rank, i);
-    if (g < 0) continue;
-    ItemRole& role = roles[i];
-    role.group = g;
-    const int reader = plan.groups[g].reader;
-    if (static_cast<int>(rank) == reader) {
-      role.role = Role::kRead;
-      role.targets.reserve(plan.groups[g].count - 1);
-      for (const LoadMember& o : plan.members_of(g))
-        if (o.rank != reader) role.targets.push_back(o.rank);
-    } else {
-      role.role = Role::kReceive;
-      role.peer = reader;
-    }
+    ItemRole& role = roles[i] = role_head(plan, rank, i);
+    if (role.role != Role::kRead) continue;
+    const int reader = static_cast<int>(rank);
+    role.targets.reserve(plan.groups[role.group].count - 1);
+    for (const LoadMember& o : plan.members_of(role.group))
+      if (o.rank != reader) role.targets.push_back(o.rank);
   }
   return roles;
 }

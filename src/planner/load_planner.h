@@ -92,6 +92,9 @@ class RoleTable {
   size_t ranks() const { return begin_.size() - 1; }
   size_t items(size_t rank) const { return begin_[rank + 1] - begin_[rank]; }
   int32_t group(size_t rank, size_t item) const { return group_[begin_[rank] + item]; }
+  /// An item's role, group and peer, without the targets (a reader's are the other members'
+  /// ranks): the one place the role follows from the group.
+  ItemRole role_head(const LoadPlan& plan, size_t rank, size_t item) const;
   /// Rank `rank`'s roles in full, as the rank receives them.
   std::vector<ItemRole> roles_of(const LoadPlan& plan, size_t rank) const;
 
