@@ -47,6 +47,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (auto& it : *items) ranks.push_back({it});
         (void)planner::plan_save(ranks);
       }
+      // The coordinator's own decode (views of the message) accepts exactly what decode_items does.
+      const std::vector<std::string> messages{bytes};
+      auto views = wire::decode_gathered_items(messages);
+      if (views.ok() != items.ok()) __builtin_trap();
+      if (fits && views.ok()) (void)planner::plan_save(views->items);
       break;
     }
     case 1: stable(bytes, wire::decode_tensors, wire::encode_tensors); break;

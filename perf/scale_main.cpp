@@ -579,11 +579,9 @@ int main(int argc, char** argv) {
   // The coordinator's part, as the engine's (plan_globally): the messages decoded, the plan, the
   // plan's message to every rank.
   double c0 = cpu_s();
-  std::vector<std::vector<planner::ItemDesc>> items(gathered_items.size());
-  for (size_t r = 0; r < gathered_items.size(); ++r)
-    items[r] = check(engine::wire::decode_items(gathered_items[r]), "decode_items");
+  engine::wire::GatheredItems decoded = check(engine::wire::decode_gathered_items(gathered_items), "decode_items");
+  const std::vector<std::vector<planner::ItemView>>& items = decoded.items;  // views of gathered_items
   const double decode_items_cpu_s = cpu_s() - c0;
-  gathered_items = {};
   double t0 = now_s();
   c0 = cpu_s();
   planner::SavePlan plan = check(planner::plan_save(items), "plan_save");
@@ -599,14 +597,14 @@ int main(int argc, char** argv) {
   out["save_plan_digest"] = save_plan_digest(plan);
   {
     // The floor under the scan, in the same run: one plain pass reading what it reads of every
-    // item (key, global shape, box), 3.5 million descriptions and their heap blocks at 405B.
+    // item (key, global shape, box), 3.5 million views into the messages and extents at 405B.
     const double f0 = cpu_s();
     uint64_t sum = 0;
     for (const auto& rank_items : items)
-      for (const planner::ItemDesc& it : rank_items) {
+      for (const planner::ItemView& it : rank_items) {
         sum += it.key.size() + (it.key.empty() ? 0 : static_cast<unsigned char>(it.key.back()));
-        for (const Shape* v : {&it.global_shape, &it.shard.box.offset, &it.shard.box.shape})
-          for (int64_t x : *v) sum += static_cast<uint64_t>(x);
+        for (const std::span<const int64_t> v : {it.global_shape(), it.offset(), it.shape()})
+          for (int64_t x : v) sum += static_cast<uint64_t>(x);
       }
     const double read_cpu_s = cpu_s() - f0;
     out["items_read_cpu_s"] = read_cpu_s;
@@ -650,8 +648,8 @@ int main(int argc, char** argv) {
   out["save_plan_writes_slowest_rank"] = writes.rank;
   out["save_ranks_timed"] = save_sample.size();
   out["plan_s"] = plan_save_s + writes.ms / 1e3;
-  items.clear();
-  items.shrink_to_fit();
+  decoded = {};
+  gathered_items = {};
 
   out["rss_after_save_plan_mb"] = peak_rss_mb();  // every rank's items and the plan, held at once
 

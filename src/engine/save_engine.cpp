@@ -131,15 +131,10 @@ Result<std::vector<planner::TensorPlan>> plan_globally(const Topology::Impl& top
   H5CKPT_ASSIGN_OR_RETURN(auto gathered, topo.gather(wire::encode_items(describe_items(state))));
   Result<std::string> plan_bytes = std::string();
   if (topo.world.rank() == topo.coordinator) {
-    std::vector<std::vector<planner::ItemDesc>> all(gathered.size());
-    Status st;
-    for (size_t r = 0; r < gathered.size() && st.ok(); ++r) {
-      auto d = wire::decode_items(gathered[r]);
-      if (d.ok()) all[r] = std::move(d).value();
-      else st = d.status().with_context("from rank " + std::to_string(r));
-    }
-    Result<planner::SavePlan> plan = st;
-    if (st.ok()) plan = planner::plan_save(all);
+    // Views of the messages, planned while `gathered` holds them.
+    const Result<wire::GatheredItems> all = wire::decode_gathered_items(gathered);
+    Result<planner::SavePlan> plan = all.status();
+    if (all.ok()) plan = planner::plan_save(all->items);
     plan_bytes = plan.ok() ? Result<std::string>(wire::encode_tensors(plan->tensors))
                            : Result<std::string>(plan.status().with_context("planning"));
   }

@@ -1,5 +1,6 @@
 #include "engine/wire.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
@@ -106,26 +107,97 @@ std::string encode_items(const std::vector<planner::ItemDesc>& items) {
   return std::move(w.str());
 }
 
-Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
+namespace {
+
+// One items message as views: keys into `bytes`, extents copied into `dims` (reserved here: every
+// extent takes 8 bytes of the message, so it never moves under the views), unless they equal those
+// of the view at the same position in `before` (the previous rank's: a replica), which the view
+// then shares, sparing the copy and telling the planner's replica test so.
+Status decode_item_views(const std::string& bytes, const std::vector<planner::ItemView>* before,
+                         std::vector<planner::ItemView>* items, std::vector<int64_t>* dims) {
   ByteReader r(bytes);
   bool bad = false;
-  std::vector<planner::ItemDesc> items(r.get_count(kMinItemBytes));
-  for (auto& it : items) {
-    it.key = r.get_string();
+  dims->clear();
+  dims->reserve(bytes.size() / sizeof(int64_t));
+  items->resize(r.get_count(kMinItemBytes));
+  for (size_t i = 0; i < items->size(); ++i) {
+    planner::ItemView& it = (*items)[i];
+    it.key = r.get_string_view();
     it.dtype = get_dtype(r, &bad);
-    it.global_shape = r.get_vec();
-    it.shard = get_shard(r);
+    uint64_t n[3] = {0, 0, 0};
+    const char* vec[3];
+    for (int k = 0; k < 3; ++k) vec[k] = r.get_vec_bytes(&n[k]);  // global shape, box offset, box extents
+    const uint8_t flat = r.get<uint8_t>();                        // as put_shard writes it
+    int64_t range[2] = {0, 0};
+    if (flat == 1) {
+      range[0] = r.get<int64_t>();
+      range[1] = r.get<int64_t>();
+    }
     const uint8_t continues = r.get<uint8_t>();
-    if (continues > 1) bad = true;
-    it.continues = continues != 0;
     if (!r.ok()) break;
+    if (flat > 1 || continues > 1 || std::max({n[0], n[1], n[2]}) > planner::ItemView::kMaxCount) bad = true;
+    if (bad) break;
+    it.global_ndim = static_cast<uint16_t>(n[0]);
+    it.offset_ndim = static_cast<uint16_t>(n[1]);
+    it.shape_ndim = static_cast<uint16_t>(n[2]);
+    it.flat = flat == 1;
+    it.continues = continues == 1;
+    const planner::ItemView* same = before && i < before->size() ? &(*before)[i] : nullptr;
+    if (same && (same->global_ndim != it.global_ndim || same->offset_ndim != it.offset_ndim ||
+                 same->shape_ndim != it.shape_ndim || same->flat != it.flat))
+      same = nullptr;
+    for (size_t k = 0, at = 0; same && k < 3; at += n[k++])
+      if (n[k] && std::memcmp(same->dims + at, vec[k], n[k] * sizeof(int64_t)) != 0) same = nullptr;
+    if (same && it.flat && (same->flat_begin() != range[0] || same->flat_end() != range[1])) same = nullptr;
+    if (same) {
+      it.dims = same->dims;
+      continue;
+    }
+    const size_t at = dims->size();
+    dims->resize(at + it.extents());
+    int64_t* out = dims->data() + at;
+    it.dims = out;
+    for (int k = 0; k < 3; out += n[k++])
+      if (n[k]) std::memcpy(out, vec[k], n[k] * sizeof(int64_t));
+    if (it.flat) std::copy(range, range + 2, out);
   }
   if (bad || !r.ok() || !r.at_end()) return malformed("item list");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
+  std::vector<planner::ItemView> views;
+  std::vector<int64_t> dims;
+  H5CKPT_RETURN_IF_ERROR(decode_item_views(bytes, nullptr, &views, &dims));
+  std::vector<planner::ItemDesc> items;
+  items.reserve(views.size());
+  for (const planner::ItemView& v : views) items.push_back(v.desc());
   return items;
 }
 
+Result<GatheredItems> decode_gathered_items(const std::vector<std::string>& messages) {
+  GatheredItems out;
+  out.items.resize(messages.size());
+  out.dims.resize(messages.size());
+  for (size_t r = 0; r < messages.size(); ++r)
+    if (Status st = decode_item_views(messages[r], r > 0 ? &out.items[r - 1] : nullptr, &out.items[r], &out.dims[r]);
+        !st.ok())
+      return st.with_context("from rank " + std::to_string(r));
+  return out;
+}
+
 std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors) {
+  // Sized first: a 405B plan's message is about 100 MB, which growing by doubling would copy
+  // and fault in twice.
+  size_t size = 8;
+  for (const auto& t : tensors) {
+    size += 8 + t.key.size() + 1 + 8 + 8 * t.shape.size() + 8;
+    for (const auto& reg : t.regions) size += 8 + 8 + 16 * t.boxes[reg.box].ndim() + 1 + (reg.flat ? 16 : 0) + 4;
+  }
   ByteWriter w;
+  w.reserve(size);
   w.put<uint64_t>(tensors.size());
   for (const auto& t : tensors) {
     w.put_string(t.key);

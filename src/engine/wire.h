@@ -24,6 +24,15 @@ ShardSpec get_shard(ByteReader& r);
 
 std::string encode_items(const std::vector<planner::ItemDesc>& items);
 Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes);
+/// Every rank's items message as the coordinator plans them: keys viewed in `messages`, which must
+/// outlive them, and each rank's extents copied into one buffer (no allocation per item), except a
+/// replica's: an item whose extents equal those of the previous rank's item at its position shares
+/// that item's.
+struct GatheredItems {
+  std::vector<std::vector<planner::ItemView>> items;  ///< per rank
+  std::vector<std::vector<int64_t>> dims;             ///< per rank: the extents its views own
+};
+Result<GatheredItems> decode_gathered_items(const std::vector<std::string>& messages);
 
 /// Save planning, down from the coordinator: the global plan's datasets and their regions.
 std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors);

@@ -14,15 +14,16 @@
 #include "planner/largest_first.h"
 #include "planner/region_overlap.h"
 #include "util/checked_math.h"
+#include "util/shard_bounds.h"
 
 namespace h5ckpt::planner {
 
 // Keys become HDF5 link paths and appear in every message and metadata entry: bounded.
 constexpr size_t kMaxKeyLength = 1024;
 
-Status validate_key(const std::string& key) {
-  auto bad = [&](const std::string& why) {
-    return Status(ErrorCode::kInvalidArgument, "key '" + printable(key) + "': " + why);
+Status validate_key(std::string_view key) {
+  auto bad = [&](std::string_view why) {
+    return Status(ErrorCode::kInvalidArgument, "key '" + printable(key) + "': " + std::string(why));
   };
   if (key.empty()) return bad("empty key");
   if (key.size() > kMaxKeyLength) return bad("longer than " + std::to_string(kMaxKeyLength) + " characters");
@@ -39,7 +40,7 @@ Status validate_key(const std::string& key) {
   while (start <= key.size()) {
     size_t end = key.find('/', start);
     if (end == std::string::npos) end = key.size();
-    const std::string comp = key.substr(start, end - start);
+    const std::string_view comp = key.substr(start, end - start);
     if (comp == "." || comp == "..") return bad("'.' and '..' components not allowed");
     start = end + 1;
   }
@@ -71,7 +72,46 @@ void TensorPlan::add_region(const ShardSpec& s, int writer) {
   regions.push_back(PlannedRegion{begin, end, static_cast<uint32_t>(b - 1), s.flat ? 1u : 0u, writer});
 }
 
+Result<ItemView> ItemView::of(const ItemDesc& d, std::vector<int64_t>& dims) {
+  const ShardSpec& s = d.shard;
+  for (const Shape* v : {&d.global_shape, &s.box.offset, &s.box.shape})
+    if (v->size() > kMaxCount)
+      return Status(ErrorCode::kInvalidArgument, "key '" + printable(d.key) + "': " + std::to_string(v->size()) +
+                                                     " extents in a shape (at most " + std::to_string(kMaxDims) + ")");
+  const size_t at = dims.size();
+  for (const Shape* v : {&d.global_shape, &s.box.offset, &s.box.shape}) dims.insert(dims.end(), v->begin(), v->end());
+  if (s.flat) dims.insert(dims.end(), {s.flat->first, s.flat->second});
+  return ItemView{d.key,
+                  dims.data() + at,
+                  static_cast<uint16_t>(d.global_shape.size()),
+                  static_cast<uint16_t>(s.box.offset.size()),
+                  static_cast<uint16_t>(s.box.shape.size()),
+                  d.dtype,
+                  s.flat.has_value(),
+                  d.continues};
+}
+
+ShardSpec ItemView::shard() const {
+  ShardSpec s{Box{Shape(offset().begin(), offset().end()), Shape(shape().begin(), shape().end())}, std::nullopt};
+  if (flat) s.flat = std::pair{flat_begin(), flat_end()};
+  return s;
+}
+
+ItemDesc ItemView::desc() const {
+  ItemDesc d;
+  d.key = std::string(key);
+  d.dtype = dtype;
+  d.global_shape = Shape(global_shape().begin(), global_shape().end());
+  d.shard = shard();
+  d.continues = continues;
+  return d;
+}
+
 namespace {
+
+using Dims = std::span<const int64_t>;
+
+Shape to_shape(Dims dims) { return Shape(dims.begin(), dims.end()); }
 
 uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull; }
 
@@ -82,31 +122,54 @@ uint64_t finish(uint64_t h) {
   return h ^ (h >> 31);
 }
 
-uint64_t box_hash(const Box& b) {
-  uint64_t h = b.offset.size();
-  for (int64_t v : b.offset) h = mix(h, static_cast<uint64_t>(v));
-  for (int64_t v : b.shape) h = mix(h, static_cast<uint64_t>(v));
+// Of an item's box.
+uint64_t box_hash(const ItemView& b) {
+  uint64_t h = b.offset_ndim;
+  for (int64_t v : b.offset()) h = mix(h, static_cast<uint64_t>(v));
+  for (int64_t v : b.shape()) h = mix(h, static_cast<uint64_t>(v));
   return finish(h);
 }
 
 // Equal extents compared inline: the scan compares millions of two- and three-element shapes,
-// where the defaulted comparisons call memcmp once per vector.
-bool same_dims(const Shape& a, const Shape& b) {
+// where a comparison of vectors calls memcmp once per vector.
+bool same_dims(Dims a, Dims b) {
   if (a.size() != b.size()) return false;
   for (size_t d = 0; d < a.size(); ++d)
     if (a[d] != b[d]) return false;
   return true;
 }
-bool same_box(const Box& a, const Box& b) { return same_dims(a.shape, b.shape) && same_dims(a.offset, b.offset); }
-bool same_shard(const ShardSpec& a, const ShardSpec& b) {
-  if (a.flat.has_value() != b.flat.has_value()) return false;
-  if (a.flat && (a.flat->first != b.flat->first || a.flat->second != b.flat->second)) return false;
-  return same_box(a.box, b.box);
+bool same_box(const ItemView& a, const ItemView& b) {
+  return same_dims(a.shape(), b.shape()) && same_dims(a.offset(), b.offset());
+}
+// Same global shape, box and flat range. Views that share their extents (the decode gives a
+// replica those of the previous rank's item) are told so without reading them.
+bool same_extents(const ItemView& a, const ItemView& b) {
+  if (a.global_ndim != b.global_ndim || a.offset_ndim != b.offset_ndim || a.shape_ndim != b.shape_ndim ||
+      a.flat != b.flat)
+    return false;
+  return a.dims == b.dims || std::equal(a.dims, a.dims + a.extents(), b.dims);
 }
 
 // The elements of a shard as a range of its box's row-major order (a whole box: all of them).
-std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
-  return s.flat ? *s.flat : std::pair<int64_t, int64_t>{0, s.box.volume()};
+// Wrapping, not overflowing: the scan hashes items ahead of their validation.
+std::pair<int64_t, int64_t> flat_span(const ItemView& s) {
+  if (s.flat) return {s.flat_begin(), s.flat_end()};
+  uint64_t v = 1;
+  for (int64_t e : s.shape()) v *= static_cast<uint64_t>(e);
+  return {0, static_cast<int64_t>(v)};
+}
+int64_t numel(const ItemView& s) {
+  const auto [begin, end] = flat_span(s);
+  return end - begin;
+}
+Box box_of(const ItemView& s) { return Box{to_shape(s.offset()), to_shape(s.shape())}; }
+
+// ShardSpec::validate on a view: its message (from a copy) only when the shard is wrong.
+Status validate_shard(const ItemView& it) {
+  const std::pair<int64_t, int64_t> range{it.flat_begin(), it.flat_end()};
+  if (shard_problem(it.global_shape(), it.offset(), it.shape(), it.flat ? &range : nullptr).empty())
+    return Status::Ok();
+  return it.shard().validate(to_shape(it.global_shape()));
 }
 
 // A unique non-empty region of a tensor: the first holder's description of it (for messages and
@@ -114,8 +177,8 @@ std::pair<int64_t, int64_t> flat_span(const ShardSpec& s) {
 // compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at 8,960
 // ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
 struct UniqueRegion {
-  const ShardSpec* shard;
-  int64_t begin, end;  // flat_span(*shard)
+  const ItemView* item;
+  int64_t begin, end;  // flat_span(*item)
   uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
   uint32_t flat;       // shard->flat is set
 };
@@ -140,31 +203,32 @@ struct TensorAcc {
   static constexpr size_t kInlineDims = 4;
   struct DistinctBox {
     uint64_t hash;
-    const Box* box;  // a region's copy of it, for the plan and the checks (and for the lookups of
-                     // boxes of more than kInlineDims dimensions: the latest, likely in cache)
+    const ItemView* item;  // a region's item with this box, for the plan and the checks (and for the
+                           // lookups of boxes of more than kInlineDims dimensions: the latest, likely
+                           // in cache)
     // Offset then shape, for boxes of at most kInlineDims dimensions: a lookup compares them
     // here, in the table it has just read, not in another rank's description.
     size_t ndim;
     int64_t dims[2 * kInlineDims];
 
-    DistinctBox(uint64_t h, const Box& b) : hash(h), box(&b), ndim(b.ndim()), dims{} {
+    DistinctBox(uint64_t h, const ItemView& b) : hash(h), item(&b), ndim(b.shape_ndim), dims{} {
       if (ndim > kInlineDims) return;
-      std::copy(b.offset.begin(), b.offset.end(), dims);
-      std::copy(b.shape.begin(), b.shape.end(), dims + ndim);
+      std::copy(b.offset().begin(), b.offset().end(), dims);
+      std::copy(b.shape().begin(), b.shape().end(), dims + ndim);
     }
-    bool holds(const Box& b) {
-      if (b.ndim() != ndim || b.offset.size() != ndim) return false;
+    bool holds(const ItemView& b) {
+      if (b.shape_ndim != ndim || b.offset_ndim != ndim) return false;
       if (ndim > kInlineDims) {
-        if (!same_box(*box, b)) return false;
-        box = &b;  // recently read, likely still in cache for the next lookup
+        if (!same_box(*item, b)) return false;
+        item = &b;  // recently read, likely still in cache for the next lookup
         return true;
       }
       for (size_t d = 0; d < ndim; ++d)
-        if (dims[d] != b.offset[d] || dims[ndim + d] != b.shape[d]) return false;
+        if (dims[d] != b.offset()[d] || dims[ndim + d] != b.shape()[d]) return false;
       return true;
     }
   };
-  const ItemDesc* first;  // key, dtype and global shape as first declared
+  const ItemView* first;  // key, dtype and global shape as first declared
   int first_rank;
   int last_rank = -1;             // the last rank declaring it: another declaration there is a duplicate
   ArenaVector<uint32_t> regions;  // pool ids, in order of first appearance
@@ -173,7 +237,7 @@ struct TensorAcc {
   ArenaVector<DistinctBox> boxes;
   ArenaVector<uint32_t> box_slots;  // indices into boxes
 
-  TensorAcc(const ItemDesc* first_item, int rank, BulkArena& arena)
+  TensorAcc(const ItemView* first_item, int rank, BulkArena& arena)
       : first(first_item),
         first_rank(rank),
         regions(ArenaAllocator<uint32_t>(arena)),
@@ -185,7 +249,7 @@ struct TensorAcc {
   // Asks for the slot where find_or_add(shard, bh) will start probing (`bh`: box_hash of its
   // box): the tables of 15,000 tensors do not stay in cache, and the scan knows its next items'
   // tensors.
-  void prefetch_slot(const ShardSpec& shard, uint64_t bh) const {
+  void prefetch_slot(const ItemView& shard, uint64_t bh) const {
     if (slots.empty()) return;
     const auto [begin, end] = flat_span(shard);
     __builtin_prefetch(&slots[region_hash(bh, begin, end) & (slots.size() - 1)]);
@@ -194,12 +258,12 @@ struct TensorAcc {
   // The pool id of the region `shard`, added to the pool when new. Its box is numbered first, so
   // a known region is recognized by integers (box number, range, flat or not) without reading
   // its first holder's description, which lies with another rank's items, likely out of cache.
-  uint32_t find_or_add(const ShardSpec& shard, uint64_t bh, RegionPool& pool) {
+  uint32_t find_or_add(const ItemView& shard, uint64_t bh, RegionPool& pool) {
     // Table positions are the hashes' low bits: kept beside the regions, they are rehashed
     // without reading the pool, where a tensor's regions lie a rank's items apart.
     if (2 * (regions.size() + 1) > slots.size())
       rehash_ids(slots, static_cast<uint32_t>(regions.size()), 8, [&](uint32_t k) { return hashes[k]; });
-    const uint32_t box = box_id(shard.box, bh);
+    const uint32_t box = box_id(shard, bh);
     // Plain variables, not a structured binding: the lambda below captures them (clang 14, which
     // the fuzz build uses, refuses to capture bindings).
     const auto span = flat_span(shard);
@@ -221,7 +285,7 @@ struct TensorAcc {
   }
 
  private:
-  uint32_t box_id(const Box& box, uint64_t bh) {
+  uint32_t box_id(const ItemView& box, uint64_t bh) {
     if (2 * (boxes.size() + 1) > box_slots.size())
       rehash_ids(box_slots, static_cast<uint32_t>(boxes.size()), 8, [&](uint32_t b) { return boxes[b].hash; });
     const uint32_t next = static_cast<uint32_t>(boxes.size());
@@ -252,7 +316,7 @@ Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shap
   std::vector<Box> pieces;
   std::vector<size_t> region_of;
   for (size_t r = 0; r < regions.size(); ++r)
-    for (auto& b : shard_boxes(*regions[r].shard)) {
+    for (auto& b : shard_boxes(regions[r].item->shard())) {
       pieces.push_back(std::move(b));
       region_of.push_back(r);
     }
@@ -311,9 +375,9 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
     if (!checked_add(covered, regions[k].end - regions[k].begin, &covered)) covered = INT64_MAX;
   auto overlapping = [&](size_t a, size_t b) {
     if (a > b) std::swap(a, b);
-    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(*regions[a].shard) +
+    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(regions[a].item->shard()) +
                                                    " on rank " + std::to_string(holder_rank(a)) + " overlaps shard " +
-                                                   to_string_spec(*regions[b].shard) + " on rank " +
+                                                   to_string_spec(regions[b].item->shard()) + " on rank " +
                                                    std::to_string(holder_rank(b)) +
                                                    " without being identical (replicas must hold identical regions)");
   };
@@ -326,7 +390,11 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
     }
     if (distinct.size() >= 2) {
       scratch.boxes.resize(distinct.size());
-      for (size_t b = 0; b < distinct.size(); ++b) scratch.boxes[b] = *distinct[b].box;
+      for (size_t b = 0; b < distinct.size(); ++b) {  // into the scratch's vectors: no allocation
+        const ItemView& it = *distinct[b].item;
+        scratch.boxes[b].offset.assign(it.offset().begin(), it.offset().end());
+        scratch.boxes[b].shape.assign(it.shape().begin(), it.shape().end());
+      }
       auto boxes_meet = find_overlap(shape, scratch.boxes);
       if (!boxes_meet.ok() || *boxes_meet) {  // the ranges may still avoid each other: compare the pieces
         auto pair = piece_overlap(shape, regions);
@@ -346,33 +414,26 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
 
 namespace {
 
-// The scan reads each item's key, global shape and box, four heap blocks apart from the item
-// itself: asking for those of an item a few places ahead lets the cache misses (3.5 million
-// items at 8,960 ranks) overlap instead of each waiting for the one before.
-// The descriptions themselves (152 bytes, three cache lines) are asked for further ahead, so
-// that their pointers are at hand when those blocks are.
+// The scan reads each item's key, global shape and box where its view points: in a rank's
+// message and extents, read in order, when decoded; in four heap blocks of an ItemDesc, when
+// viewed. Asking for those of an item a few places ahead lets the cache misses of the second
+// case overlap instead of each waiting for the one before.
 constexpr size_t kPrefetchAhead = 4;
-constexpr size_t kDescAhead = 12;
 constexpr size_t kSlotAhead = 2;
-void prefetch(const ItemDesc& item) {
+void prefetch(const ItemView& item) {
   __builtin_prefetch(item.key.data());
-  __builtin_prefetch(item.global_shape.data());
-  __builtin_prefetch(item.shard.box.offset.data());
-  __builtin_prefetch(item.shard.box.shape.data());
-}
-void prefetch_desc(const ItemDesc* item) {
-  const char* bytes = reinterpret_cast<const char*>(item);
-  for (size_t line = 0; line < sizeof(ItemDesc); line += 64) __builtin_prefetch(bytes + line);
+  __builtin_prefetch(item.dims);
 }
 
 // What the scan found out about an item ahead of its turn, kept for that turn (a ring over the
-// next kSlotAhead + 1 positions): whether its shard is that of the previous rank's item at its
-// position and, when not, its box hash, with which it asked for the item's hash slot.
+// next kSlotAhead + 1 positions): whether its extents (shape and shard) are those of the previous
+// rank's item at its position and, when not, its box hash, with which it asked for the item's
+// hash slot.
 struct Ahead {
   static constexpr size_t kRing = kSlotAhead + 1;
   struct Entry {
     size_t position = SIZE_MAX;
-    bool same_shard = false;
+    bool same_extents = false;
     uint64_t box_hash = 0;
   };
   Entry ring[kRing];
@@ -389,9 +450,9 @@ std::vector<TensorPlan> tensor_heads(const std::vector<TensorAcc>& accs) {
   std::vector<TensorPlan> heads(accs.size());
   for (size_t a = 0; a < accs.size(); ++a) {
     const TensorAcc& acc = accs[a];
-    heads[a] = TensorPlan{acc.first->key, acc.first->dtype, acc.first->global_shape, {}, {}};
+    heads[a] = TensorPlan{std::string(acc.first->key), acc.first->dtype, to_shape(acc.first->global_shape()), {}, {}};
     heads[a].boxes.reserve(acc.boxes.size());
-    for (const TensorAcc::DistinctBox& b : acc.boxes) heads[a].boxes.push_back(*b.box);
+    for (const TensorAcc::DistinctBox& b : acc.boxes) heads[a].boxes.push_back(box_of(*b.item));
   }
   return heads;
 }
@@ -419,7 +480,7 @@ struct Holders {
 constexpr uint32_t kNone = UINT32_MAX;  // no tensor; an item that holds nothing of its tensor
 
 // `region_of_item`: every rank's items in order, each its region's pool id or kNone.
-Holders list_holders(const std::vector<std::vector<ItemDesc>>& ranks, const BulkVector<uint32_t>& region_of_item,
+Holders list_holders(const std::vector<std::vector<ItemView>>& ranks, const BulkVector<uint32_t>& region_of_item,
                      size_t regions) {
   Holders h;
   h.begin.assign(regions + 1, 0);
@@ -511,7 +572,7 @@ Result<SavePlan> plan_from_scan(size_t nranks, const std::vector<TensorAcc>& acc
 
 }  // namespace
 
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
   // The tensors' tables, grown by doubling into each other's outgrown blocks, take about 15 bytes
@@ -532,27 +593,27 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
 
   for (size_t r = 0; r < ranks.size(); ++r) {
     auto where = [&] { return " (rank " + std::to_string(r) + ")"; };
-    const std::vector<ItemDesc>* before = r > 0 ? &ranks[r - 1] : nullptr;
+    const std::vector<ItemView>* before = r > 0 ? &ranks[r - 1] : nullptr;
     Ahead ahead;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
-      if (i + kDescAhead < ranks[r].size()) prefetch_desc(&ranks[r][i + kDescAhead]);
       if (i + kPrefetchAhead < ranks[r].size()) prefetch(ranks[r][i + kPrefetchAhead]);
       // The item two ahead (its description asked for two items ago) likely belongs to the tensor
       // the previous rank had there: ask for its slot (a wrong guess costs a wasted fetch), unless
-      // it holds that item's shard, a replica whose region the scan will take from it.
+      // it holds that item's shard of the same shape, a replica whose region the scan will take
+      // from it.
       if (const size_t j = i + kSlotAhead; j < ranks[r].size() && j < previous.size() && previous[j].first != kNone) {
-        const ShardSpec& shard = ranks[r][j].shard;
-        if (same_shard((*before)[j].shard, shard)) {
+        const ItemView& shard = ranks[r][j];
+        if (same_extents((*before)[j], shard)) {
           ahead.put(j, true, 0);
         } else {
-          const uint64_t bh = box_hash(shard.box);
+          const uint64_t bh = box_hash(shard);
           ahead.put(j, false, bh);
           accs[previous[j].first].prefetch_slot(shard, bh);
         }
       }
-      const Ahead::Entry* seen = ahead.get(i);  // (*before)[i] and this item's shard compared already
-      const ItemDesc& it = ranks[r][i];
-      const ItemDesc* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
+      const Ahead::Entry* seen = ahead.get(i);  // (*before)[i] and this item's extents compared already
+      const ItemView& it = ranks[r][i];
+      const ItemView* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
       uint32_t t = kNone;
       if (prev && previous[i].first != kNone && prev->key == it.key) {
         t = previous[i].first;
@@ -568,34 +629,36 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
       }
       TensorAcc& acc = accs[t];
       if (acc.last_rank == static_cast<int>(r) && !it.continues)
-        return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "' added twice" + where());
+        return Status(ErrorCode::kInvalidArgument, "key '" + std::string(it.key) + "' added twice" + where());
       acc.last_rank = static_cast<int>(r);
       // The previous rank's item at this position, of the same tensor, with the same shard and
       // global shape (a replica): validated when it was scanned, and its region is this item's.
-      const bool replica = prev && (seen ? seen->same_shard : same_shard(prev->shard, it.shard)) &&
-                           same_dims(prev->global_shape, it.global_shape);
+      const bool replica = prev && (seen ? seen->same_extents : same_extents(*prev, it));
       if (!replica)
-        if (auto st = it.shard.validate(it.global_shape); !st.ok())
-          return st.with_context("key '" + it.key + "'" + where());
+        if (auto st = validate_shard(it); !st.ok())
+          return st.with_context("key '" + std::string(it.key) + "'" + where());
       // The previous rank's item agreed with the first declaration: comparing with it suffices.
-      const ItemDesc& agreed = prev ? *prev : *acc.first;
+      const ItemView& agreed = prev ? *prev : *acc.first;
       if (agreed.dtype != it.dtype)
-        return Status(ErrorCode::kDtypeMismatch, "key '" + it.key + "': dtype " + dtype_name(acc.first->dtype) +
+        return Status(ErrorCode::kDtypeMismatch, "key '" + std::string(it.key) + "': dtype " +
+                                                     dtype_name(acc.first->dtype) + " on rank " +
+                                                     std::to_string(acc.first_rank) + " but " + dtype_name(it.dtype) +
+                                                     " on rank " + std::to_string(r));
+      if (!replica && !same_dims(agreed.global_shape(), it.global_shape()))
+        return Status(ErrorCode::kShapeMismatch, "key '" + std::string(it.key) + "': global shape " +
+                                                     to_string_shape(to_shape(acc.first->global_shape())) +
                                                      " on rank " + std::to_string(acc.first_rank) + " but " +
-                                                     dtype_name(it.dtype) + " on rank " + std::to_string(r));
-      if (!replica && !same_dims(agreed.global_shape, it.global_shape))
-        return Status(ErrorCode::kShapeMismatch,
-                      "key '" + it.key + "': global shape " + to_string_shape(acc.first->global_shape) + " on rank " +
-                          std::to_string(acc.first_rank) + " but " + to_string_shape(it.global_shape) + " on rank " +
-                          std::to_string(r));
+                                                     to_string_shape(to_shape(it.global_shape())) + " on rank " +
+                                                     std::to_string(r));
       uint32_t region = kNone;  // stays so for an item that holds nothing of its tensor
       if (replica) {
         region = previous[i].second;
-      } else if (it.shard.numel() > 0) {
+      } else if (numel(it) > 0) {
         int64_t bytes = 0;
-        if (!checked_mul(it.shard.numel(), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
-          return Status(ErrorCode::kInvalidArgument, "key '" + it.key + "': shard has too many bytes" + where());
-        region = acc.find_or_add(it.shard, seen && !seen->same_shard ? seen->box_hash : box_hash(it.shard.box), pool);
+        if (!checked_mul(numel(it), static_cast<int64_t>(dtype_size(it.dtype)), &bytes))
+          return Status(ErrorCode::kInvalidArgument,
+                        "key '" + std::string(it.key) + "': shard has too many bytes" + where());
+        region = acc.find_or_add(it, seen && !seen->same_extents ? seen->box_hash : box_hash(it), pool);
       }
       region_of_item.push_back(region);
       if (i >= previous.size()) previous.resize(i + 1, {kNone, kNone});
@@ -609,6 +672,24 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
   const Holders holders = list_holders(ranks, region_of_item, pool.size());
   region_of_item = {};
   return plan_from_scan(ranks.size(), accs, pool, holders);
+}
+
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
+  std::vector<std::vector<ItemView>> views(ranks.size());
+  std::vector<int64_t> dims;  // every view's extents, reserved so that it never moves
+  size_t extents = 0;
+  for (const auto& items : ranks)
+    for (const ItemDesc& d : items)
+      extents += d.global_shape.size() + d.shard.box.offset.size() + d.shard.box.shape.size() + 2;
+  dims.reserve(extents);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    views[r].reserve(ranks[r].size());
+    for (const ItemDesc& d : ranks[r]) {
+      H5CKPT_ASSIGN_OR_RETURN(ItemView v, ItemView::of(d, dims));
+      views[r].push_back(v);
+    }
+  }
+  return plan_save(views);
 }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,

@@ -74,6 +74,14 @@ class ByteReader {
     p_ += n * sizeof(int64_t);
     return v;
   }
+  /// A vector's elements where they lie in the reader's bytes (unaligned), `*n` of them.
+  const char* get_vec_bytes(uint64_t* n) {
+    *n = get_count(sizeof(int64_t));
+    if (!ok_) return nullptr;
+    const char* at = p_;
+    p_ += *n * sizeof(int64_t);
+    return at;
+  }
   bool ok() const { return ok_; }
   bool at_end() const { return p_ == end_; }
 

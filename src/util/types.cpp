@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "util/checked_math.h"
+#include "util/shard_bounds.h"
 
 namespace h5ckpt {
 
@@ -112,29 +113,31 @@ int64_t ShardSpec::numel() const {
   return box.volume();
 }
 
-Status ShardSpec::validate(const Shape& global_shape) const {
-  auto fail = [&](const std::string& why) {
-    std::ostringstream os;
-    os << "shard " << to_string_spec(*this) << " of global shape " << to_string_shape(global_shape) << ": " << why;
-    return Status(ErrorCode::kInvalidArgument, os.str());
-  };
-  if (global_shape.empty()) return fail("tensors need at least one dimension");
-  if (global_shape.size() > kMaxDims) return fail("more than 32 dimensions");
-  if (box.offset.size() != global_shape.size() || box.shape.size() != global_shape.size())
-    return fail("box rank differs from tensor rank");
+std::string shard_problem(std::span<const int64_t> global_shape, std::span<const int64_t> offset,
+                          std::span<const int64_t> shape, const std::pair<int64_t, int64_t>* flat) {
+  if (global_shape.empty()) return "tensors need at least one dimension";
+  if (global_shape.size() > kMaxDims) return "more than 32 dimensions";
+  if (offset.size() != global_shape.size() || shape.size() != global_shape.size())
+    return "box rank differs from tensor rank";
   int64_t vol = 1;
   for (size_t d = 0; d < global_shape.size(); ++d) {
-    if (global_shape[d] < 0) return fail("negative global extent");
-    if (box.offset[d] < 0 || box.shape[d] < 0) return fail("negative box offset or extent");
-    if (box.offset[d] > global_shape[d] || box.shape[d] > global_shape[d] - box.offset[d])
-      return fail("box outside the global shape in dimension " + std::to_string(d));
-    if (!checked_mul(vol, box.shape[d], &vol)) return fail("element count overflows");
+    if (global_shape[d] < 0) return "negative global extent";
+    if (offset[d] < 0 || shape[d] < 0) return "negative box offset or extent";
+    if (offset[d] > global_shape[d] || shape[d] > global_shape[d] - offset[d])
+      return "box outside the global shape in dimension " + std::to_string(d);
+    if (!checked_mul(vol, shape[d], &vol)) return "element count overflows";
   }
-  if (flat) {
-    if (flat->first < 0 || flat->second < flat->first || flat->second > vol)
-      return fail("flat range outside the box's " + std::to_string(vol) + " elements");
-  }
-  return Status::Ok();
+  if (flat && (flat->first < 0 || flat->second < flat->first || flat->second > vol))
+    return "flat range outside the box's " + std::to_string(vol) + " elements";
+  return {};
+}
+
+Status ShardSpec::validate(const Shape& global_shape) const {
+  const std::string why = shard_problem(global_shape, box.offset, box.shape, flat ? &*flat : nullptr);
+  if (why.empty()) return Status::Ok();
+  std::ostringstream os;
+  os << "shard " << to_string_spec(*this) << " of global shape " << to_string_shape(global_shape) << ": " << why;
+  return Status(ErrorCode::kInvalidArgument, os.str());
 }
 
 }  // namespace h5ckpt
