@@ -85,6 +85,161 @@ TEST(Wire, ItemsRoundTripAndRejectBrokenMessages) {
   EXPECT_FALSE(decode_items(bad_dtype).ok());
 }
 
+void expect_same_item(const planner::ItemDesc& got, const planner::ItemDesc& want, const std::string& where) {
+  EXPECT_EQ(got.key, want.key) << where;
+  EXPECT_EQ(got.dtype, want.dtype) << where;
+  EXPECT_EQ(got.global_shape, want.global_shape) << where;
+  EXPECT_EQ(got.shard, want.shard) << where;
+  EXPECT_EQ(got.continues, want.continues) << where;
+}
+
+bool lies_in(const void* p, const void* begin, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  return c >= static_cast<const char*>(begin) && c < static_cast<const char*>(begin) + bytes;
+}
+
+TEST(Wire, GatheredItemsViewTheirMessagesAndShareOnlyEqualExtents) {
+  // Rank 1 repeats rank 0 (a replica of every item); rank 2 differs in its first item's offset and
+  // its second's flat range, and gives its last item another key with the same extents; rank 3
+  // differs from rank 2 only in its last item's global shape; rank 4 sends nothing, so rank 5,
+  // rank 0 again, has no previous item to share with.
+  std::vector<std::vector<planner::ItemDesc>> ranks(6, sample_items());
+  ranks[2][0].shard = ShardSpec::split(Shape{8, 4}, 0, 2, 0);
+  ranks[2][1].shard.flat = std::pair<int64_t, int64_t>{4, 17};
+  ranks[2][3].key = "extra/epoch";
+  ranks[3] = ranks[2];
+  ranks[3][3].global_shape = Shape{2};
+  ranks[3][3].shard = ShardSpec::whole(Shape{2});
+  ranks[4].clear();
+  std::vector<std::string> messages;
+  for (const auto& items : ranks) messages.push_back(encode_items(items));
+  auto in = decode_gathered_items(messages);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  ASSERT_EQ(in->items.size(), ranks.size());
+  // Which views share the extents of the previous rank's view at their position.
+  const std::vector<std::vector<bool>> shared{{false, false, false, false}, {true, true, true, true},
+                                              {false, false, true, true},    {true, true, true, false},
+                                              {},                            {false, false, false, false}};
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ASSERT_EQ(in->items[r].size(), ranks[r].size()) << "rank " << r;
+    for (size_t i = 0; i < ranks[r].size(); ++i) {
+      const planner::ItemView& v = in->items[r][i];
+      const std::string where = "rank " + std::to_string(r) + " item " + std::to_string(i);
+      expect_same_item(v.desc(), ranks[r][i], where);
+      EXPECT_TRUE(lies_in(v.key.data(), messages[r].data(), messages[r].size())) << where << ": key copied";
+      if (shared[r][i]) {
+        EXPECT_EQ(v.dims, in->items[r - 1][i].dims) << where;
+      } else {
+        EXPECT_TRUE(lies_in(v.dims, in->dims[r].data(), in->dims[r].size() * sizeof(int64_t))) << where;
+      }
+    }
+  }
+  // One broken message fails the decode and names its rank.
+  for (size_t n = 0; n < messages[2].size(); ++n) {
+    std::vector<std::string> broken = messages;
+    broken[2].resize(n);
+    auto bad = decode_gathered_items(broken);
+    ASSERT_FALSE(bad.ok()) << "a prefix of " << n << " bytes accepted";
+    EXPECT_NE(bad.status().message().find("from rank 2"), std::string::npos) << bad.status().to_string();
+  }
+  std::vector<std::string> trailing = messages;
+  trailing[5].push_back('\0');
+  EXPECT_FALSE(decode_gathered_items(trailing).ok());
+}
+
+TEST(Wire, ExtentCountsAViewCannotHoldAreRefusedAndLargeOnesPlannedToTheirError) {
+  // 65,536 extents: more than a view counts; the decode refuses the message, and a view of the
+  // description is refused with the key named (never truncated into a smaller shape).
+  planner::ItemDesc huge{"model/huge", DType::kF32, Shape(planner::ItemView::kMaxCount + 1, 1),
+                         ShardSpec::whole(Shape{4})};
+  const std::vector<std::string> messages{encode_items({huge})};
+  EXPECT_FALSE(decode_gathered_items(messages).ok());
+  EXPECT_FALSE(decode_items(messages[0]).ok());
+  std::vector<int64_t> dims;
+  auto view = planner::ItemView::of(huge, dims);
+  ASSERT_FALSE(view.ok());
+  EXPECT_NE(view.status().message().find("model/huge"), std::string::npos) << view.status().to_string();
+  EXPECT_FALSE(planner::plan_save(std::vector<std::vector<planner::ItemDesc>>{{huge}}).ok());
+  // 33 dimensions fit a view; planning the decoded message gives ShardSpec::validate's error, as
+  // planning the description does.
+  const Shape g(33, 1);
+  planner::ItemDesc deep{"model/deep", DType::kF32, g, ShardSpec::whole(g)};
+  auto decoded = decode_gathered_items({encode_items({deep})});
+  ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+  auto from_views = planner::plan_save(decoded->items);
+  auto from_descs = planner::plan_save(std::vector<std::vector<planner::ItemDesc>>{{deep}});
+  ASSERT_FALSE(from_views.ok());
+  ASSERT_FALSE(from_descs.ok());
+  EXPECT_EQ(from_views.status().to_string(), from_descs.status().to_string());
+  EXPECT_NE(from_views.status().message().find("more than 32 dimensions"), std::string::npos);
+}
+
+// A TP2 x DP3 job with ZeRO, DP rank fastest (so the previous rank holds the same TP shard): the
+// weights are replicas across DP, their optimizer states flat ranges of each TP shard.
+std::vector<std::vector<planner::ItemDesc>> tp_dp_zero_items() {
+  const int tp = 2, dp = 3;
+  const Shape w{12, 6};
+  std::vector<std::vector<planner::ItemDesc>> ranks;
+  for (int t = 0; t < tp; ++t)
+    for (int d = 0; d < dp; ++d) {
+      const ShardSpec mine = ShardSpec::split(w, 0, tp, t);
+      const int64_t n = mine.numel(), per = (n + dp - 1) / dp;
+      const ShardSpec slice = ShardSpec::flat_range(mine.box, std::min(n, d * per), std::min(n, (d + 1) * per));
+      ranks.push_back({{"model/w", DType::kBF16, w, mine},
+                       {"optimizer/exp_avg/w", DType::kF32, w, slice},
+                       {"optimizer/exp_avg_sq/w", DType::kF32, w, slice},
+                       {"extra/step", DType::kI64, Shape{1}, ShardSpec::whole(Shape{1})}});
+    }
+  return ranks;
+}
+
+TEST(Wire, PlanOfTheDecodedMessagesEqualsThePlanOfTheDescriptions) {
+  const auto ranks = tp_dp_zero_items();
+  std::vector<std::string> messages;
+  for (const auto& items : ranks) messages.push_back(encode_items(items));
+  auto in = decode_gathered_items(messages);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  auto got = planner::plan_save(in->items);
+  auto want = planner::plan_save(ranks);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  EXPECT_EQ(got->bytes_by_rank, want->bytes_by_rank);
+  ASSERT_EQ(got->tensors.size(), want->tensors.size());
+  for (size_t t = 0; t < got->tensors.size(); ++t) {
+    const planner::TensorPlan &g = got->tensors[t], &w = want->tensors[t];
+    EXPECT_EQ(g.key, w.key);
+    EXPECT_EQ(g.dtype, w.dtype);
+    EXPECT_EQ(g.shape, w.shape);
+    EXPECT_EQ(g.boxes, w.boxes) << g.key;
+    ASSERT_EQ(g.regions.size(), w.regions.size()) << g.key;
+    for (size_t k = 0; k < g.regions.size(); ++k) {
+      EXPECT_EQ(g.shard(k), w.shard(k)) << g.key << " region " << k;
+      EXPECT_EQ(g.regions[k].writer, w.regions[k].writer) << g.key << " region " << k;
+    }
+  }
+  // Independently of the planner: the weights' TP shards once each (2), the optimizer states'
+  // slices once each (2 x 3), the step once; every element's bytes written once.
+  ASSERT_EQ(got->tensors.size(), 4u);  // sorted by key
+  EXPECT_EQ(got->tensors[0].key, "extra/step");
+  EXPECT_EQ(got->tensors[0].regions.size(), 1u);
+  EXPECT_EQ(got->tensors[1].regions.size(), 2u);  // model/w
+  EXPECT_EQ(got->tensors[2].regions.size(), 6u);
+  EXPECT_EQ(got->tensors[3].regions.size(), 6u);
+  uint64_t total = 0;
+  for (uint64_t b : got->bytes_by_rank) total += b;
+  EXPECT_EQ(total, 8u + 12 * 6 * 2 + 2 * 12 * 6 * 4);
+  // A rank whose weight shard differs from its replica's in one extent is refused as an overlap,
+  // from the messages as from the descriptions.
+  auto broken = ranks;
+  broken[1][0].shard.box.shape[0] = 5;
+  messages[1] = encode_items(broken[1]);
+  auto bad_in = decode_gathered_items(messages);
+  ASSERT_TRUE(bad_in.ok());
+  auto bad = planner::plan_save(bad_in->items);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().to_string(), planner::plan_save(broken).status().to_string());
+}
+
 TEST(Wire, TensorPlansRoundTripAndRejectBrokenMessages) {
   const auto tensors = sample_tensors();
   const std::string msg = encode_tensors(tensors);
