@@ -110,9 +110,10 @@ std::string encode_items(const std::vector<planner::ItemDesc>& items) {
 namespace {
 
 // One items message as views: keys into `bytes`, extents copied into `dims` (reserved here: every
-// extent takes 8 bytes of the message, so it never moves under the views), unless they equal those
-// of the view at the same position in `before` (the previous rank's: a replica), which the view
-// then shares, sparing the copy and telling the planner's replica test so.
+// extent takes 8 bytes of the message, so it never moves under the views). A key or extents equal
+// to those of the view at the same position in `before` (the previous rank's: the same tensor, a
+// replica) are that view's: the planner's tests see them equal by pointer, and its scan reads
+// bytes already in cache rather than every message again.
 Status decode_item_views(const std::string& bytes, const std::vector<planner::ItemView>* before,
                          std::vector<planner::ItemView>* items, std::vector<int64_t>* dims) {
   ByteReader r(bytes);
@@ -122,7 +123,9 @@ Status decode_item_views(const std::string& bytes, const std::vector<planner::It
   items->resize(r.get_count(kMinItemBytes));
   for (size_t i = 0; i < items->size(); ++i) {
     planner::ItemView& it = (*items)[i];
+    const planner::ItemView* same = before && i < before->size() ? &(*before)[i] : nullptr;
     it.key = r.get_string_view();
+    if (same && same->key == it.key) it.key = same->key;
     it.dtype = get_dtype(r, &bad);
     uint64_t n[3] = {0, 0, 0};
     const char* vec[3];
@@ -142,7 +145,6 @@ Status decode_item_views(const std::string& bytes, const std::vector<planner::It
     it.shape_ndim = static_cast<uint16_t>(n[2]);
     it.flat = flat == 1;
     it.continues = continues == 1;
-    const planner::ItemView* same = before && i < before->size() ? &(*before)[i] : nullptr;
     if (same && (same->global_ndim != it.global_ndim || same->offset_ndim != it.offset_ndim ||
                  same->shape_ndim != it.shape_ndim || same->flat != it.flat))
       same = nullptr;

@@ -141,6 +141,11 @@ bool same_dims(Dims a, Dims b) {
 bool same_box(const ItemView& a, const ItemView& b) {
   return same_dims(a.shape(), b.shape()) && same_dims(a.offset(), b.offset());
 }
+// The same key: views of one tensor's key often share its bytes (wire::decode_gathered_items).
+bool same_key(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && (a.data() == b.data() || a == b);
+}
+
 // Same global shape, box and flat range. Views that share their extents (the decode gives a
 // replica those of the previous rank's item) are told so without reading them.
 bool same_extents(const ItemView& a, const ItemView& b) {
@@ -615,7 +620,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
       const ItemView& it = ranks[r][i];
       const ItemView* prev = before && i < before->size() && i < previous.size() ? &(*before)[i] : nullptr;
       uint32_t t = kNone;
-      if (prev && previous[i].first != kNone && prev->key == it.key) {
+      if (prev && previous[i].first != kNone && same_key(prev->key, it.key)) {
         t = previous[i].first;
       } else if (auto found = acc_of.find(it.key); found != acc_of.end()) {
         t = found->second;
