@@ -145,16 +145,8 @@ Status decode_item_views(const std::string& bytes, const std::vector<planner::It
     it.shape_ndim = static_cast<uint16_t>(n[2]);
     it.flat = flat == 1;
     it.continues = continues == 1;
-    if (same && (same->global_ndim != it.global_ndim || same->offset_ndim != it.offset_ndim ||
-                 same->shape_ndim != it.shape_ndim || same->flat != it.flat))
-      same = nullptr;
-    for (size_t k = 0, at = 0; same && k < 3; at += n[k++])
-      if (n[k] && std::memcmp(same->dims + at, vec[k], n[k] * sizeof(int64_t)) != 0) same = nullptr;
-    if (same && it.flat && (same->flat_begin() != range[0] || same->flat_end() != range[1])) same = nullptr;
-    if (same) {
-      it.dims = same->dims;
-      continue;
-    }
+    // Copied, then given back when the previous rank's view holds the same (its bytes are in
+    // cache; the next item reuses the space).
     const size_t at = dims->size();
     dims->resize(at + it.extents());
     int64_t* out = dims->data() + at;
@@ -162,6 +154,10 @@ Status decode_item_views(const std::string& bytes, const std::vector<planner::It
     for (int k = 0; k < 3; out += n[k++])
       if (n[k]) std::memcpy(out, vec[k], n[k] * sizeof(int64_t));
     if (it.flat) std::copy(range, range + 2, out);
+    if (same && same->same_extents(it)) {
+      it.dims = same->dims;
+      dims->resize(at);
+    }
   }
   if (bad || !r.ok() || !r.at_end()) return malformed("item list");
   return Status::Ok();

@@ -77,7 +77,8 @@ Result<ItemView> ItemView::of(const ItemDesc& d, std::vector<int64_t>& dims) {
   for (const Shape* v : {&d.global_shape, &s.box.offset, &s.box.shape})
     if (v->size() > kMaxCount)
       return Status(ErrorCode::kInvalidArgument, "key '" + printable(d.key) + "': " + std::to_string(v->size()) +
-                                                     " extents in a shape (at most " + std::to_string(kMaxDims) + ")");
+                                                     " extents in a shape (a view counts at most " +
+                                                     std::to_string(kMaxCount) + ")");
   const size_t at = dims.size();
   for (const Shape* v : {&d.global_shape, &s.box.offset, &s.box.shape}) dims.insert(dims.end(), v->begin(), v->end());
   if (s.flat) dims.insert(dims.end(), {s.flat->first, s.flat->second});
@@ -146,15 +147,6 @@ bool same_key(std::string_view a, std::string_view b) {
   return a.size() == b.size() && (a.data() == b.data() || a == b);
 }
 
-// Same global shape, box and flat range. Views that share their extents (the decode gives a
-// replica those of the previous rank's item) are told so without reading them.
-bool same_extents(const ItemView& a, const ItemView& b) {
-  if (a.global_ndim != b.global_ndim || a.offset_ndim != b.offset_ndim || a.shape_ndim != b.shape_ndim ||
-      a.flat != b.flat)
-    return false;
-  return a.dims == b.dims || std::equal(a.dims, a.dims + a.extents(), b.dims);
-}
-
 // The elements of a shard as a range of its box's row-major order (a whole box: all of them).
 // Wrapping, not overflowing: the scan hashes items ahead of their validation.
 std::pair<int64_t, int64_t> flat_span(const ItemView& s) {
@@ -185,7 +177,7 @@ struct UniqueRegion {
   const ItemView* item;
   int64_t begin, end;  // flat_span(*item)
   uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
-  uint32_t flat;       // shard->flat is set
+  uint32_t flat;       // item->flat is set
 };
 
 // Of box and range: replicas hash alike. From the shard alone (not its box's number), so that the
@@ -608,7 +600,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
       // from it.
       if (const size_t j = i + kSlotAhead; j < ranks[r].size() && j < previous.size() && previous[j].first != kNone) {
         const ItemView& shard = ranks[r][j];
-        if (same_extents((*before)[j], shard)) {
+        if ((*before)[j].same_extents(shard)) {
           ahead.put(j, true, 0);
         } else {
           const uint64_t bh = box_hash(shard);
@@ -638,7 +630,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
       acc.last_rank = static_cast<int>(r);
       // The previous rank's item at this position, of the same tensor, with the same shard and
       // global shape (a replica): validated when it was scanned, and its region is this item's.
-      const bool replica = prev && (seen ? seen->same_extents : same_extents(*prev, it));
+      const bool replica = prev && (seen ? seen->same_extents : prev->same_extents(it));
       if (!replica)
         if (auto st = validate_shard(it); !st.ok())
           return st.with_context("key '" + std::string(it.key) + "'" + where());

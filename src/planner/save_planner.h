@@ -1,6 +1,7 @@
 // Pure save planning: from what every rank holds to who writes what (no MPI, no HDF5).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -52,6 +53,12 @@ struct ItemView {
   int64_t flat_end() const { return flat ? dims[global_ndim + offset_ndim + shape_ndim + 1] : 0; }
   /// How many int64 `dims` holds.
   size_t extents() const { return size_t{global_ndim} + offset_ndim + shape_ndim + (flat ? 2 : 0); }
+  /// Same global shape, box and flat range; views sharing their extents are told so by pointer.
+  bool same_extents(const ItemView& o) const {
+    if (global_ndim != o.global_ndim || offset_ndim != o.offset_ndim || shape_ndim != o.shape_ndim || flat != o.flat)
+      return false;
+    return dims == o.dims || std::equal(dims, dims + extents(), o.dims);
+  }
 
   /// A view of `d` whose extents are appended to `dims`, which must not reallocate while the view
   /// is used (reserve the sum of the items' extents()); kInvalidArgument when a count is above
