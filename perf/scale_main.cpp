@@ -580,7 +580,7 @@ int main(int argc, char** argv) {
   // plan's message to every rank.
   double c0 = cpu_s();
   engine::wire::GatheredItems decoded = check(engine::wire::decode_gathered_items(gathered_items), "decode_items");
-  const std::vector<std::vector<planner::ItemView>>& items = decoded.items;  // views of gathered_items
+  const std::vector<std::span<const planner::ItemView>>& items = decoded.items;  // views of gathered_items
   const double decode_items_cpu_s = cpu_s() - c0;
   double t0 = now_s();
   c0 = cpu_s();

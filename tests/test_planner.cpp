@@ -1145,6 +1145,21 @@ TEST(BulkArena, BlocksGivenBackAreReusedByPowerOfTwoSize) {
   EXPECT_EQ(arena.used(), after_first) << "the second vector grew into fresh memory";
 }
 
+// Huge pages are asked for unless the kernel hands free blocks of a huge page or less back to its
+// hypervisor (free page reporting, seen to have reported): there a fresh huge page costs more.
+TEST(BulkAllocator, HugePagesAreNotAskedForWhereFreeOnesGoBackToTheHost) {
+  constexpr long long k4K = 4096;
+  EXPECT_FALSE(huge_pages_pay_with(9, 11'392'128, k4K)) << "reporting of 2 MiB blocks (the 2-core VM's)";
+  EXPECT_FALSE(huge_pages_pay_with(0, 1, k4K)) << "reporting of single pages";
+  EXPECT_TRUE(huge_pages_pay_with(10, 11'392'128, k4K)) << "only 4 MiB blocks go back: a free huge page may stay";
+  EXPECT_TRUE(huge_pages_pay_with(11, 1, k4K));
+  EXPECT_TRUE(huge_pages_pay_with(9, 0, k4K)) << "nothing reported: no device takes pages back";
+  EXPECT_TRUE(huge_pages_pay_with(-1, -1, k4K)) << "no free page reporting (bare metal)";
+  EXPECT_TRUE(huge_pages_pay_with(9, -1, k4K));
+  EXPECT_FALSE(huge_pages_pay_with(5, 1, 65536)) << "64 KiB pages: 2 MiB blocks again";
+  EXPECT_TRUE(huge_pages_pay_with(6, 1, 65536));
+}
+
 TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {
   const std::vector<JobLayout> layouts = {
       {1, 1, 1, 1, 1, false, 0, false}, {2, 1, 2, 2, 1, false, 0, false}, {2, 1, 3, 1, 1, true, 0, false},

@@ -122,6 +122,9 @@ TEST(Wire, GatheredItemsViewTheirMessagesAndShareOnlyEqualExtents) {
       {false, false, false, false}};
   for (size_t r = 0; r < ranks.size(); ++r) {
     ASSERT_EQ(in->items[r].size(), ranks[r].size()) << "rank " << r;
+    // Every rank's views lie in the one array, rank after rank.
+    const planner::ItemView* next = r == 0 ? in->views.data() : in->items[r - 1].data() + in->items[r - 1].size();
+    EXPECT_EQ(in->items[r].data(), next) << "rank " << r;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       const planner::ItemView& v = in->items[r][i];
       const std::string where = "rank " + std::to_string(r) + " item " + std::to_string(i);
@@ -136,7 +139,9 @@ TEST(Wire, GatheredItemsViewTheirMessagesAndShareOnlyEqualExtents) {
       if (shared[r][i]) {
         EXPECT_EQ(v.dims, in->items[r - 1][i].dims) << where;
       } else {
-        EXPECT_TRUE(lies_in(v.dims, in->dims[r].data(), in->dims[r].size() * sizeof(int64_t))) << where;
+        // Its own extents, in the one buffer of copies.
+        EXPECT_TRUE(lies_in(v.dims, in->dims.data(), in->dims.size() * sizeof(int64_t))) << where;
+        if (r > 0 && i < ranks[r - 1].size()) EXPECT_NE(v.dims, in->items[r - 1][i].dims) << where;
       }
     }
   }

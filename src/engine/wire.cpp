@@ -109,21 +109,22 @@ std::string encode_items(const std::vector<planner::ItemDesc>& items) {
 
 namespace {
 
-// One items message as views: keys into `bytes`, extents copied into `dims` (reserved here: every
-// extent takes 8 bytes of the message, so it never moves under the views). A key or extents equal
-// to those of the view at the same position in `before` (the previous rank's: the same tensor, a
-// replica) are that view's: the planner's tests see them equal by pointer, and its scan reads
-// bytes already in cache rather than every message again.
-Status decode_item_views(const std::string& bytes, const std::vector<planner::ItemView>* before,
-                         std::vector<planner::ItemView>* items, std::vector<int64_t>* dims) {
+// One items message as views appended to `views`: keys into `bytes`, extents appended to `dims`,
+// which the caller has reserved for every extent the message can hold (each takes 8 bytes of it),
+// so that it never moves under the views. A key or extents equal to those of the view at the same
+// position in `before` (the previous rank's: the same tensor, a replica) are that view's: the
+// planner's tests see them equal by pointer, and its scan reads bytes already in cache rather than
+// every message again.
+Status decode_item_views(const std::string& bytes, std::span<const planner::ItemView> before,
+                         planner::BulkVector<planner::ItemView>* views, planner::BulkVector<int64_t>* dims) {
   ByteReader r(bytes);
   bool bad = false;
-  dims->clear();
-  dims->reserve(bytes.size() / sizeof(int64_t));
-  items->resize(r.get_count(kMinItemBytes));
-  for (size_t i = 0; i < items->size(); ++i) {
-    planner::ItemView& it = (*items)[i];
-    const planner::ItemView* same = before && i < before->size() ? &(*before)[i] : nullptr;
+  const size_t count = r.get_count(kMinItemBytes);
+  const size_t first = views->size();
+  views->resize(first + count);
+  for (size_t i = 0; i < count; ++i) {
+    planner::ItemView& it = (*views)[first + i];
+    const planner::ItemView* same = i < before.size() ? &before[i] : nullptr;
     it.key = r.get_string_view();
     if (same && same->key == it.key) it.key = same->key;
     it.dtype = get_dtype(r, &bad);
@@ -166,9 +167,10 @@ Status decode_item_views(const std::string& bytes, const std::vector<planner::It
 }  // namespace
 
 Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
-  std::vector<planner::ItemView> views;
-  std::vector<int64_t> dims;
-  H5CKPT_RETURN_IF_ERROR(decode_item_views(bytes, nullptr, &views, &dims));
+  planner::BulkVector<planner::ItemView> views;
+  planner::BulkVector<int64_t> dims;
+  dims.reserve(bytes.size() / sizeof(int64_t));
+  H5CKPT_RETURN_IF_ERROR(decode_item_views(bytes, {}, &views, &dims));
   std::vector<planner::ItemDesc> items;
   items.reserve(views.size());
   for (const planner::ItemView& v : views) items.push_back(v.desc());
@@ -176,13 +178,29 @@ Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
 }
 
 Result<GatheredItems> decode_gathered_items(const std::vector<std::string>& messages) {
+  // Both arrays sized first, from each message's count and length, so that neither moves under
+  // the views (a malformed count reads as none here and fails its decode below).
+  size_t views = 0, bytes = 0;
+  for (const std::string& m : messages) {
+    ByteReader r(m);
+    views += r.get_count(kMinItemBytes);
+    bytes += m.size();
+  }
   GatheredItems out;
-  out.items.resize(messages.size());
-  out.dims.resize(messages.size());
-  for (size_t r = 0; r < messages.size(); ++r)
-    if (Status st = decode_item_views(messages[r], r > 0 ? &out.items[r - 1] : nullptr, &out.items[r], &out.dims[r]);
-        !st.ok())
+  out.views.reserve(views);
+  out.dims.reserve(bytes / sizeof(int64_t));
+  std::vector<size_t> begin(messages.size() + 1, 0);
+  for (size_t r = 0; r < messages.size(); ++r) {
+    const std::span<const planner::ItemView> before =
+        r > 0 ? std::span<const planner::ItemView>(out.views.data() + begin[r - 1], begin[r] - begin[r - 1])
+              : std::span<const planner::ItemView>();
+    if (Status st = decode_item_views(messages[r], before, &out.views, &out.dims); !st.ok())
       return st.with_context("from rank " + std::to_string(r));
+    begin[r + 1] = out.views.size();
+  }
+  out.items.reserve(messages.size());
+  for (size_t r = 0; r < messages.size(); ++r)
+    out.items.emplace_back(out.views.data() + begin[r], begin[r + 1] - begin[r]);
   return out;
 }
 

@@ -6,10 +6,12 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "h5ckpt/status.h"
+#include "planner/bulk_allocator.h"
 #include "planner/load_planner.h"
 #include "planner/save_planner.h"
 #include "storage/local_store.h"
@@ -25,12 +27,13 @@ ShardSpec get_shard(ByteReader& r);
 std::string encode_items(const std::vector<planner::ItemDesc>& items);
 Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes);
 /// Every rank's items message as the coordinator plans them: keys viewed in `messages`, which must
-/// outlive them, and each rank's extents copied into one buffer (no allocation per item), except a
-/// replica's: an item whose extents equal those of the previous rank's item at its position shares
-/// that item's.
+/// outlive them, every view in one array and every extent copied into another (no allocation per
+/// item or rank; huge pages where they pay, planner::huge_pages_pay), except a replica's: an item
+/// whose extents equal those of the previous rank's item at its position shares that item's.
 struct GatheredItems {
-  std::vector<std::vector<planner::ItemView>> items;  ///< per rank
-  std::vector<std::vector<int64_t>> dims;             ///< per rank: the extents its views own
+  planner::BulkVector<planner::ItemView> views;           ///< rank by rank
+  planner::BulkVector<int64_t> dims;                      ///< the extents the views own
+  std::vector<std::span<const planner::ItemView>> items;  ///< per rank: its views
 };
 Result<GatheredItems> decode_gathered_items(const std::vector<std::string>& messages);
 

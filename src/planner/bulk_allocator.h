@@ -1,9 +1,9 @@
 // An allocator for the planner's large scratch arrays (millions of entries at 8,960 ranks):
-// arrays of 4 MiB and more are mapped with transparent huge pages requested (MADV_HUGEPAGE), so
-// touching them costs one fault per 2 MiB rather than one per 4 KiB page. On a VM each fault is a
-// trap to the host: 256 MiB of fresh 4 KiB pages took 1.1 s of CPU on the 2-core VM, with huge
-// pages 0.02 s (docs/performance.md). Smaller arrays, and systems where the advice is refused or
-// huge pages are off, get ordinary pages: only the cost changes.
+// arrays of 4 MiB and more are mapped on their own, with transparent huge pages requested
+// (MADV_HUGEPAGE) where they pay (huge_pages_pay), so touching them costs one fault per 2 MiB
+// rather than one per 4 KiB page: 256 MiB of fresh 4 KiB pages took 1.1 s of CPU on one 2-core VM,
+// with huge pages 0.02 s (docs/performance.md). Smaller arrays, and systems where the advice is
+// refused or huge pages are off, get ordinary pages: only the cost changes.
 #pragma once
 
 #include <sys/mman.h>
@@ -15,6 +15,17 @@
 #include <vector>
 
 namespace h5ckpt::planner {
+
+/// Whether large arrays ask for huge pages. Not where the kernel gives free memory back to its
+/// hypervisor in blocks of a huge page or less (free page reporting, as on Firecracker VMs):
+/// there every free huge page has been handed back, and its first touch costs the host's fault
+/// of 512 small pages, 2.4-3.4 ms per MiB against 0.5 for 4 KiB pages on the 2-core VM (which
+/// reuses small pages it still holds). `H5CKPT_HUGE_PAGES=0` or `1` decides instead (to measure
+/// both on one machine). Read once.
+bool huge_pages_pay();
+/// The rule, from what sysfs says (-1: absent): free page reporting of blocks of 2^`order` pages
+/// of `page_bytes`, `reported_kib` handed back so far.
+bool huge_pages_pay_with(long long order, long long reported_kib, long long page_bytes);
 
 template <class T>
 struct BulkAllocator {
@@ -33,7 +44,7 @@ struct BulkAllocator {
     // Rounded up to whole huge pages: the kernel backs an aligned 2 MiB range with one page.
     void* p = ::mmap(nullptr, mapped(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
-    (void)::madvise(p, mapped(bytes), MADV_HUGEPAGE);  // advice: refused or ignored is fine
+    if (huge_pages_pay()) (void)::madvise(p, mapped(bytes), MADV_HUGEPAGE);  // advice: refused or ignored is fine
     return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t n) noexcept {

@@ -477,7 +477,7 @@ struct Holders {
 constexpr uint32_t kNone = UINT32_MAX;  // no tensor; an item that holds nothing of its tensor
 
 // `region_of_item`: every rank's items in order, each its region's pool id or kNone.
-Holders list_holders(const std::vector<std::vector<ItemView>>& ranks, const BulkVector<uint32_t>& region_of_item,
+Holders list_holders(std::span<const std::span<const ItemView>> ranks, const BulkVector<uint32_t>& region_of_item,
                      size_t regions) {
   Holders h;
   h.begin.assign(regions + 1, 0);
@@ -569,7 +569,7 @@ Result<SavePlan> plan_from_scan(size_t nranks, const std::vector<TensorAcc>& acc
 
 }  // namespace
 
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
+Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks) {
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
   // The tensors' tables, grown by doubling into each other's outgrown blocks, take about 15 bytes
@@ -590,7 +590,7 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
 
   for (size_t r = 0; r < ranks.size(); ++r) {
     auto where = [&] { return " (rank " + std::to_string(r) + ")"; };
-    const std::vector<ItemView>* before = r > 0 ? &ranks[r - 1] : nullptr;
+    const std::span<const ItemView>* before = r > 0 ? &ranks[r - 1] : nullptr;
     Ahead ahead;
     for (size_t i = 0; i < ranks[r].size(); ++i) {
       if (i + kPrefetchAhead < ranks[r].size()) prefetch(ranks[r][i + kPrefetchAhead]);
@@ -669,6 +669,10 @@ Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
   const Holders holders = list_holders(ranks, region_of_item, pool.size());
   region_of_item = {};
   return plan_from_scan(ranks.size(), accs, pool, holders);
+}
+
+Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
+  return plan_save(std::vector<std::span<const ItemView>>(ranks.begin(), ranks.end()));
 }
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
