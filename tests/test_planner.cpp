@@ -1160,6 +1160,54 @@ TEST(BulkAllocator, HugePagesAreNotAskedForWhereFreeOnesGoBackToTheHost) {
   EXPECT_TRUE(huge_pages_pay_with(6, 1, 65536));
 }
 
+// TP 4 x DP 3: the previous rank holds another row block of "model/w" and its replicas lie 4 ranks
+// apart, found by hash rather than beside the previous rank's item. What a replica 4 ranks back
+// shares is still checked: dtype, global shape, and the key itself.
+TEST(PlanSaveErrors, ReplicasFoundTpRanksBackAreStillChecked) {
+  const Shape g{8, 4};
+  auto layout = [&] {
+    Ranks ranks(12);
+    for (int r = 0; r < 12; ++r) {
+      ranks[r].push_back(item("model/norm", {4}, ShardSpec::whole({4})));
+      ranks[r].push_back(item("model/w", g, ShardSpec::split(g, 0, 4, r % 4)));
+      ranks[r].push_back(item("model/v", g, ShardSpec::split(g, 0, 4, r % 4)));
+    }
+    return ranks;
+  };
+  const Ranks good = layout();
+  auto plan = plan_save(good);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  expect_same_plan(*plan, reference_plan(good), "tp4.dp3");
+  check_plan(good, *plan);
+
+  Ranks dtype = layout();
+  dtype[9][1].dtype = DType::kBF16;
+  expect_error(dtype, ErrorCode::kDtypeMismatch, {"model/w", "f32", "bf16", "rank 0", "rank 9"});
+
+  // Rank 10 gives "model/v" the global shape [16,4] but keeps the box of rank 6's: not a replica.
+  Ranks shape = layout();
+  shape[10][2].global_shape = Shape{16, 4};
+  expect_error(shape, ErrorCode::kShapeMismatch, {"model/v", "[8,4]", "[16,4]", "rank 10"});
+
+  // Ranks 9 to 11 list "model/v" before "model/w": at each position the item 4 ranks back has the
+  // same extents under the other key, whose region is not this item's.
+  Ranks swapped = layout();
+  for (int r = 9; r < 12; ++r) std::swap(swapped[r][1], swapped[r][2]);
+  auto swapped_plan = plan_save(swapped);
+  ASSERT_TRUE(swapped_plan.ok()) << swapped_plan.status().to_string();
+  expect_same_plan(*swapped_plan, reference_plan(swapped), "tp4.dp3, keys swapped on the last DP rank");
+  check_plan(swapped, *swapped_plan);
+
+  // Rank 8 holds the second row block of "model/w" (rank 9's), not the first of rank 4 before it:
+  // a replica of ranks 1, 5 and 9, and the first block is still held by ranks 0 and 4.
+  Ranks shifted = layout();
+  shifted[8][1].shard = ShardSpec::split(g, 0, 4, 1);
+  auto shifted_plan = plan_save(shifted);
+  ASSERT_TRUE(shifted_plan.ok()) << shifted_plan.status().to_string();
+  expect_same_plan(*shifted_plan, reference_plan(shifted), "tp4.dp3, rank 8 holding rank 9's block");
+  check_plan(shifted, *shifted_plan);
+}
+
 TEST(PlanSave, EqualsTheReferenceOnEveryLayout) {
   const std::vector<JobLayout> layouts = {
       {1, 1, 1, 1, 1, false, 0, false}, {2, 1, 2, 2, 1, false, 0, false}, {2, 1, 3, 1, 1, true, 0, false},
