@@ -79,10 +79,27 @@ TEST(Wire, ItemsRoundTripAndRejectBrokenMessages) {
   // A count of 2^24 + 3 used to be masked to 3 and accepted; a huge one must not allocate.
   EXPECT_FALSE(decode_items(with_count(msg, (1ull << 24) + items.size())).ok());
   EXPECT_FALSE(decode_items(with_count(msg, ~0ull)).ok());
+  // The first record follows the count, the extents' count and every item's extents.
+  size_t extents = 0;
+  for (const auto& it : items)
+    extents +=
+        it.global_shape.size() + it.shard.box.offset.size() + it.shard.box.shape.size() + (it.shard.flat ? 2 : 0);
+  const size_t flags_at = 8 + 8 + 8 * extents;
   std::string bad_dtype = msg;
-  const size_t dtype_at = 8 + 8 + items[0].key.size();  // count, key length, key
-  bad_dtype[dtype_at] = static_cast<char>(200);
+  bad_dtype[flags_at + 1] = static_cast<char>(200);
   EXPECT_FALSE(decode_items(bad_dtype).ok());
+  std::string bad_flags = msg;
+  bad_flags[flags_at] = 4;  // neither flat (1) nor continues (2)
+  EXPECT_FALSE(decode_items(bad_flags).ok());
+  // One extent fewer or more than the items' counts take, the records unchanged.
+  for (const int64_t delta : {-1, 1}) {
+    std::string miscounted = msg;
+    const uint64_t n = extents + delta;
+    std::memcpy(miscounted.data() + 8, &n, 8);
+    if (delta > 0) miscounted.insert(flags_at, 8, '\0');
+    else miscounted.erase(flags_at - 8, 8);
+    EXPECT_FALSE(decode_items(miscounted).ok()) << "extents " << n << " for " << extents;
+  }
 }
 
 void expect_same_item(const planner::ItemDesc& got, const planner::ItemDesc& want, const std::string& where) {
@@ -139,8 +156,8 @@ TEST(Wire, GatheredItemsViewTheirMessagesAndShareOnlyEqualExtents) {
       if (shared[r][i]) {
         EXPECT_EQ(v.dims, in->items[r - 1][i].dims) << where;
       } else {
-        // Its own extents, in the one buffer of copies.
-        EXPECT_TRUE(lies_in(v.dims, in->dims.data(), in->dims.size() * sizeof(int64_t))) << where;
+        // Its own extents, viewed in its message (never copied).
+        EXPECT_TRUE(lies_in(v.dims, messages[r].data(), messages[r].size())) << where << ": extents copied";
         if (r > 0 && i < ranks[r - 1].size()) EXPECT_NE(v.dims, in->items[r - 1][i].dims) << where;
       }
     }
@@ -156,6 +173,18 @@ TEST(Wire, GatheredItemsViewTheirMessagesAndShareOnlyEqualExtents) {
   std::vector<std::string> trailing = messages;
   trailing[5].push_back('\0');
   EXPECT_FALSE(decode_gathered_items(trailing).ok());
+  EXPECT_TRUE(in->dims.empty()) << "extents copied from aligned messages";
+
+  // A message whose extents are not 8-byte aligned in memory (one byte into a buffer) decodes to
+  // the same items, from a copy of its extents.
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string shifted = " " + messages[r];
+    auto items = decode_items(std::string_view(shifted).substr(1));
+    ASSERT_TRUE(items.ok()) << "rank " << r << ": " << items.status().to_string();
+    ASSERT_EQ(items->size(), ranks[r].size());
+    for (size_t i = 0; i < ranks[r].size(); ++i)
+      expect_same_item((*items)[i], ranks[r][i], "unaligned rank " + std::to_string(r) + " item " + std::to_string(i));
+  }
 }
 
 TEST(Wire, ExtentCountsAViewCannotHoldAreRefusedAndLargeOnesPlannedToTheirError) {

@@ -13,7 +13,7 @@ namespace h5ckpt::engine::wire {
 namespace {
 
 // Smallest encodings, which bound every count a decoder accepts.
-constexpr size_t kMinItemBytes = 8 + 1 + 8 + 8 + 8 + 1 + 1;
+constexpr size_t kMinItemBytes = 1 + 1 + 3 * 4 + 8;  // an items message's record: flags, dtype, counts, key length
 constexpr size_t kMinTensorBytes = 8 + 1 + 8 + 8;
 constexpr size_t kMinRegionBytes = 8 + 8 + 1 + 4;
 constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
@@ -94,79 +94,93 @@ class BoxNumbers {
   uint32_t last_ = UINT32_MAX;
 };
 
+// An items message: the item count, then every item's extents (global shape, box offset and
+// extents, and for a flat range its begin and end) as one int64 array 16 bytes into the message (after its length),
+// which the coordinator's views point into rather than copy, then one record per item (flags:
+// flat 1, continues 2; dtype; the three counts; the key).
 std::string encode_items(const std::vector<planner::ItemDesc>& items) {
-  ByteWriter w;
-  w.put<uint64_t>(items.size());
+  size_t extents = 0, size = 16;
   for (const auto& it : items) {
-    w.put_string(it.key);
+    const ShardSpec& s = it.shard;
+    extents += it.global_shape.size() + s.box.offset.size() + s.box.shape.size() + (s.flat ? 2 : 0);
+    size += kMinItemBytes + it.key.size();
+  }
+  ByteWriter w;
+  w.reserve(size + 8 * extents);
+  w.put<uint64_t>(items.size());
+  w.put<uint64_t>(extents);
+  for (const auto& it : items) {
+    for (const Shape* v : {&it.global_shape, &it.shard.box.offset, &it.shard.box.shape})
+      w.put_bytes(v->data(), v->size() * sizeof(int64_t));
+    if (it.shard.flat) {
+      w.put<int64_t>(it.shard.flat->first);
+      w.put<int64_t>(it.shard.flat->second);
+    }
+  }
+  for (const auto& it : items) {
+    w.put<uint8_t>((it.shard.flat ? 1 : 0) | (it.continues ? 2 : 0));
     w.put<uint8_t>(static_cast<uint8_t>(it.dtype));
-    w.put_vec(it.global_shape);
-    put_shard(w, it.shard);
-    w.put<uint8_t>(it.continues ? 1 : 0);
+    for (const Shape* v : {&it.global_shape, &it.shard.box.offset, &it.shard.box.shape})
+      w.put<uint32_t>(static_cast<uint32_t>(std::min<size_t>(v->size(), UINT32_MAX)));
+    w.put_string(it.key);
   }
   return std::move(w.str());
 }
 
 namespace {
 
-// One items message as views appended to `views`: keys into `bytes`, extents appended to `dims`,
-// which the caller has reserved for every extent the message can hold (each takes 8 bytes of it),
-// so that it never moves under the views. A key or extents equal to those of the view at the same
-// position in `before` (the previous rank's: the same tensor, a replica) are that view's: the
-// planner's tests see them equal by pointer, and its scan reads bytes already in cache rather than
-// every message again.
-Status decode_item_views(const std::string& bytes, std::span<const planner::ItemView> before,
+// One items message as views appended to `views`: keys and extents in `bytes`, where it holds its
+// extents 8-byte aligned (a std::string's buffer always does); otherwise the extents are copied
+// to `dims`, which must have room for them (bytes.size() / 8), so that it never moves under the
+// views. A key or extents equal to those of the view at the same position in `before` (the
+// previous rank's: the same tensor, a replica) are that view's: the planner's tests see them equal
+// by pointer, and its scan reads bytes already in cache rather than every message again.
+Status decode_item_views(std::string_view bytes, std::span<const planner::ItemView> before,
                          planner::BulkVector<planner::ItemView>* views, planner::BulkVector<int64_t>* dims) {
-  ByteReader r(bytes);
-  bool bad = false;
+  ByteReader r(bytes.data(), bytes.size());
   const size_t count = r.get_count(kMinItemBytes);
+  uint64_t nextents = 0;
+  const char* area = r.get_vec_bytes(&nextents);
+  if (!r.ok()) return malformed("item list");
+  const int64_t* extents = reinterpret_cast<const int64_t*>(area);
+  if (reinterpret_cast<uintptr_t>(area) % alignof(int64_t) != 0) {
+    const size_t at = dims->size();
+    dims->resize(at + nextents);
+    if (nextents) std::memcpy(dims->data() + at, area, nextents * sizeof(int64_t));
+    extents = dims->data() + at;
+  }
+  bool bad = false;
+  uint64_t used = 0;  // extents taken by the items so far
   const size_t first = views->size();
   views->resize(first + count);
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < count && !bad; ++i) {
     planner::ItemView& it = (*views)[first + i];
-    const planner::ItemView* same = i < before.size() ? &before[i] : nullptr;
-    it.key = r.get_string_view();
-    if (same && same->key == it.key) it.key = same->key;
+    const uint8_t flags = r.get<uint8_t>();
     it.dtype = get_dtype(r, &bad);
-    uint64_t n[3] = {0, 0, 0};
-    const char* vec[3];
-    for (int k = 0; k < 3; ++k) vec[k] = r.get_vec_bytes(&n[k]);  // global shape, box offset, box extents
-    const uint8_t flat = r.get<uint8_t>();                        // as put_shard writes it
-    int64_t range[2] = {0, 0};
-    if (flat == 1) {
-      range[0] = r.get<int64_t>();
-      range[1] = r.get<int64_t>();
-    }
-    const uint8_t continues = r.get<uint8_t>();
-    if (!r.ok()) break;
-    if (flat > 1 || continues > 1 || std::max({n[0], n[1], n[2]}) > planner::ItemView::kMaxCount) bad = true;
-    if (bad) break;
+    uint32_t n[3];
+    for (uint32_t& c : n) c = r.get<uint32_t>();  // global shape, box offset, box extents
+    it.key = r.get_string_view();
+    if (!r.ok() || flags > 3 || std::max({n[0], n[1], n[2]}) > planner::ItemView::kMaxCount) break;
     it.global_ndim = static_cast<uint16_t>(n[0]);
     it.offset_ndim = static_cast<uint16_t>(n[1]);
     it.shape_ndim = static_cast<uint16_t>(n[2]);
-    it.flat = flat == 1;
-    it.continues = continues == 1;
-    // Copied, then given back when the previous rank's view holds the same (its bytes are in
-    // cache; the next item reuses the space).
-    const size_t at = dims->size();
-    dims->resize(at + it.extents());
-    int64_t* out = dims->data() + at;
-    it.dims = out;
-    for (int k = 0; k < 3; out += n[k++])
-      if (n[k]) std::memcpy(out, vec[k], n[k] * sizeof(int64_t));
-    if (it.flat) std::copy(range, range + 2, out);
-    if (same && same->same_extents(it)) {
-      it.dims = same->dims;
-      dims->resize(at);
-    }
+    it.flat = (flags & 1) != 0;
+    it.continues = (flags & 2) != 0;
+    if (it.extents() > nextents - used) break;
+    it.dims = extents + used;
+    used += it.extents();
+    const planner::ItemView* same = i < before.size() ? &before[i] : nullptr;
+    if (same && same->key == it.key) it.key = same->key;
+    if (same && same->same_extents(it)) it.dims = same->dims;
+    if (i + 1 == count && used == nextents) return r.at_end() && !bad ? Status::Ok() : malformed("item list");
   }
-  if (bad || !r.ok() || !r.at_end()) return malformed("item list");
-  return Status::Ok();
+  if (count == 0 && nextents == 0 && r.at_end()) return Status::Ok();
+  return malformed("item list");
 }
 
 }  // namespace
 
-Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes) {
+Result<std::vector<planner::ItemDesc>> decode_items(std::string_view bytes) {
   planner::BulkVector<planner::ItemView> views;
   planner::BulkVector<int64_t> dims;
   dims.reserve(bytes.size() / sizeof(int64_t));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "h5ckpt/status.h"
@@ -25,14 +26,14 @@ void put_shard(ByteWriter& w, const ShardSpec& s);
 ShardSpec get_shard(ByteReader& r);
 
 std::string encode_items(const std::vector<planner::ItemDesc>& items);
-Result<std::vector<planner::ItemDesc>> decode_items(const std::string& bytes);
-/// Every rank's items message as the coordinator plans them: keys viewed in `messages`, which must
-/// outlive them, every view in one array and every extent copied into another (no allocation per
-/// item or rank; huge pages where they pay, planner::huge_pages_pay), except a replica's: an item
-/// whose extents equal those of the previous rank's item at its position shares that item's.
+Result<std::vector<planner::ItemDesc>> decode_items(std::string_view bytes);
+/// Every rank's items message as the coordinator plans them: keys and extents viewed in
+/// `messages`, which must outlive them, and every view in one array (no allocation or copy per
+/// item or rank; huge pages where they pay, planner::huge_pages_pay). An item whose key or
+/// extents equal those of the previous rank's item at its position shares that item's.
 struct GatheredItems {
   planner::BulkVector<planner::ItemView> views;           ///< rank by rank
-  planner::BulkVector<int64_t> dims;                      ///< the extents the views own
+  planner::BulkVector<int64_t> dims;                      ///< copies of extents a message held unaligned
   std::vector<std::span<const planner::ItemView>> items;  ///< per rank: its views
 };
 Result<GatheredItems> decode_gathered_items(const std::vector<std::string>& messages);
