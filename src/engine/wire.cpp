@@ -95,9 +95,9 @@ class BoxNumbers {
 };
 
 // An items message: the item count, then every item's extents (global shape, box offset and
-// extents, and for a flat range its begin and end) as one int64 array 16 bytes into the message (after its length),
-// which the coordinator's views point into rather than copy, then one record per item (flags:
-// flat 1, continues 2; dtype; the three counts; the key).
+// extents, and for a flat range its begin and end) as one int64 array 16 bytes into the message
+// (after its length), which the coordinator's views point into rather than copy, then one record
+// per item (flags: flat 1, continues 2; dtype; the three counts; the key).
 std::string encode_items(const std::vector<planner::ItemDesc>& items) {
   size_t extents = 0, size = 16;
   for (const auto& it : items) {
