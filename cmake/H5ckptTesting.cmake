@@ -44,3 +44,15 @@ function(h5ckpt_add_unit_test target)
   add_test(NAME ${target} COMMAND $<TARGET_FILE:${target}>)
   set_tests_properties(${target} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}")
 endfunction()
+
+# h5ckpt_own_mpi_session_dirs() — at the end of a directory that adds tests: each of its tests'
+# mpirun keeps its session directory (shared-memory files, the PMIx socket) under a base of its
+# own. In the shared /tmp/ompi.<host>.<uid>, a job ending removes the directory when it is empty,
+# and another test's mpirun creating its own there at that moment fails to start ("orte_session_dir
+# failed", seen under ctest -j 2). The base is short: the socket's path must stay under 108 bytes.
+function(h5ckpt_own_mpi_session_dirs)
+  get_property(_tests DIRECTORY PROPERTY TESTS)
+  foreach(t IN LISTS _tests)
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "OMPI_MCA_orte_tmpdir_base=/tmp/h5o/${t}")
+  endforeach()
+endfunction()
