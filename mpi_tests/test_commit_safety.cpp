@@ -427,7 +427,10 @@ TEST_F(CommitSafety, OverwriteKeepsLatestValidThroughout) {
       });
     SaveOptions so;
     so.overwrite = true;
-    for (int v = 3; v <= 7; ++v) ASSERT_TRUE(save(dir + "/step-2", v, so).ok());
+    // Enough overwrites that the poller meets one while it checks the old copy (the copy is
+    // removed right after the exchange): the check must then look again, not fall back.
+    constexpr int kLast = 40;
+    for (int v = 3; v <= kLast; ++v) ASSERT_TRUE(save(dir + "/step-2", v, so).ok());
     stop = true;
     if (poller.joinable()) poller.join();
     ::unsetenv("H5CKPT_TEST_NO_RENAME_EXCHANGE");
@@ -435,7 +438,7 @@ TEST_F(CommitSafety, OverwriteKeepsLatestValidThroughout) {
     EXPECT_EQ(failures.load(), 0) << "of " << checks.load() << " resolutions";
     // With the exchange, `latest` names a complete step-2 at every instant.
     if (exchange) EXPECT_EQ(older.load(), 0) << "of " << checks.load() << " resolutions";
-    expect_load(dir, "step-2", 7, exchange ? "exchange" : "fallback");
+    expect_load(dir, "step-2", kLast, exchange ? "exchange" : "fallback");
     on_rank0([&] {
       for (const auto& e : fs::directory_iterator(dir))
         EXPECT_FALSE(storage::is_temp_name(e.path().filename().string())) << e.path();

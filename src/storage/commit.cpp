@@ -367,14 +367,20 @@ struct Fd {
 
 }  // namespace
 
-Status validate_checkpoint_dir(const std::string& dir) {
+namespace {
+
+// validate_checkpoint_dir on the directory `dir` names when it is opened; `*opened` is that
+// directory's identity (st_ino 0 when it could not be opened).
+Status validate_opened_dir(const std::string& dir, struct stat* opened) {
   const std::string meta = (fs::path(dir) / kMetadataFileName).string();
   const std::string data = (fs::path(dir) / kDataFileName).string();
   // Both files through one handle on the directory: an overwriting save may exchange the
   // directory's name with its replacement at any moment, and metadata.json of one checkpoint
   // checked against data.h5 of the other would fail (format v2 checks the index tables in it).
+  *opened = {};
   Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (d.fd < 0) return Status(ErrorCode::kNotFound, "'" + dir + "' holds no checkpoint");
+  if (::fstat(d.fd, opened) != 0) *opened = {};
   struct stat ms {
   }, ds{};
   const bool has_meta = ::fstatat(d.fd, kMetadataFileName, &ms, AT_SYMLINK_NOFOLLOW) == 0;
@@ -419,6 +425,23 @@ Status validate_checkpoint_dir(const std::string& dir) {
   // Only validation is wanted here: no tensor is materialized.
   const std::vector<std::string> no_keys;
   return read_metadata(*json, *reader, &no_keys).status().with_context("'" + meta + "'");
+}
+
+}  // namespace
+
+Status validate_checkpoint_dir(const std::string& dir) {
+  // An overwriting save exchanges the name with its replacement, then removes the old copy: a
+  // check that opened the old directory just before sees its files vanish. When the name now
+  // names another directory than the one checked, that failure says nothing of what it names:
+  // check again (a few times: each retry needs another overwrite in the meantime).
+  constexpr int kRetries = 4;
+  for (int attempt = 0;; ++attempt) {
+    struct stat opened {};
+    Status st = validate_opened_dir(dir, &opened);
+    if (st.ok() || attempt == kRetries || opened.st_ino == 0) return st;
+    struct stat now {};
+    if (::stat(dir.c_str(), &now) != 0 || (now.st_dev == opened.st_dev && now.st_ino == opened.st_ino)) return st;
+  }
 }
 
 std::vector<CommittedCheckpoint> committed_checkpoints(const std::string& root) {
