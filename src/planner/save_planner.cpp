@@ -671,26 +671,28 @@ Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks) {
   return plan_from_scan(ranks.size(), accs, pool, holders);
 }
 
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks) {
-  return plan_save(std::vector<std::span<const ItemView>>(ranks.begin(), ranks.end()));
-}
-
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
-  std::vector<std::vector<ItemView>> views(ranks.size());
-  std::vector<int64_t> dims;  // every view's extents, reserved so that it never moves
-  size_t extents = 0;
-  for (const auto& items : ranks)
-    for (const ItemDesc& d : items)
+  // Every view in one array and every extent in another, both reserved so that neither moves.
+  std::vector<ItemView> views;
+  std::vector<int64_t> dims;
+  size_t items = 0, extents = 0;
+  for (const auto& rank : ranks)
+    for (const ItemDesc& d : rank) {
+      ++items;
       extents += d.global_shape.size() + d.shard.box.offset.size() + d.shard.box.shape.size() + 2;
-  dims.reserve(extents);
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    views[r].reserve(ranks[r].size());
-    for (const ItemDesc& d : ranks[r]) {
-      H5CKPT_ASSIGN_OR_RETURN(ItemView v, ItemView::of(d, dims));
-      views[r].push_back(v);
     }
-  }
-  return plan_save(views);
+  views.reserve(items);
+  dims.reserve(extents);
+  for (const auto& rank : ranks)
+    for (const ItemDesc& d : rank) {
+      H5CKPT_ASSIGN_OR_RETURN(ItemView v, ItemView::of(d, dims));
+      views.push_back(v);
+    }
+  std::vector<std::span<const ItemView>> spans;
+  spans.reserve(ranks.size());
+  for (size_t r = 0, at = 0; r < ranks.size(); at += ranks[r++].size())
+    spans.emplace_back(views.data() + at, ranks[r].size());
+  return plan_save(spans);
 }
 
 Result<std::vector<WriteItem>> plan_writes(int rank, const std::vector<TensorPlan>& tensors,

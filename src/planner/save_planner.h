@@ -136,7 +136,6 @@ Status validate_key(std::string_view key);
 /// and they cover each tensor completely. Identical regions (replicas) are written once, each
 /// by one of its holders chosen worst-fit by bytes so the write work is balanced.
 Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks);
-Result<SavePlan> plan_save(const std::vector<std::vector<ItemView>>& ranks);
 /// The same plan from descriptions (viewed, not copied).
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks);
 /// The writes of `rank` in a global plan: every region it was chosen to write, found through its
