@@ -1,7 +1,10 @@
 // Cross product of save layouts x load layouts: every rank checks every element it loads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "support/test_model.h"
 
@@ -111,4 +114,85 @@ TEST(Reshard, CallerCommunicatorsInAnotherRankOrder) {
   EXPECT_EQ(model.count_mismatches(&first), 0) << first;
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(root);
+}
+
+// LoadReport's split of a load's time: open_s inside plan_s, io_s (pread) and copy_s (bounce
+// copies) inside the reads. Rows read whole land in place (no copy); a column shard of narrow
+// rows and a dtype conversion go through the bounce buffer. Values are checked too.
+TEST(Reshard, LoadReportSaysWhereTheTimeWent) {
+  const int n = world_size(), me = world_rank();
+  Topology topo = make_topology(Layout{n, 1, 1, false});
+  const std::string root = h5ckpt::testing::shared_temp_dir(MPI_COMM_WORLD, "reshard_report");
+  ASSERT_FALSE(root.empty());
+  const Shape shape{512, 64};  // rows of 256 bytes: a column shard's runs are read through the bounce buffer
+  auto value = [](int64_t r, int64_t c) { return static_cast<float>(r * 64 + c) * 0.5f; };
+  const ShardSpec rows = ShardSpec::split(shape, 0, n, me);
+  std::vector<float> saved(static_cast<size_t>(rows.numel()));
+  for (int64_t r = 0; r < rows.box.shape[0]; ++r)
+    for (int64_t c = 0; c < 64; ++c) saved[static_cast<size_t>(r * 64 + c)] = value(rows.box.offset[0] + r, c);
+  Checkpointer ck(topo);
+  {
+    StateDict st;
+    st.add("model/w", DType::kF32, shape, rows, saved.data());
+    auto s = ck.save(st, root + "/ckpt");
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+  }
+  LoadOptions plain;
+  plain.verify = false;  // the reads alone: no checks, no landing buffers
+  auto expect_split = [&](const LoadReport& r, const char* what) {
+    EXPECT_GT(r.open_s, 0.0) << what;
+    EXPECT_LE(r.open_s, r.plan_s) << what;
+    EXPECT_GT(r.io_s, 0.0) << what;
+    EXPECT_LE(r.io_s, r.read_s * r.io_threads) << what;
+    EXPECT_LE(r.copy_s, r.read_s * r.io_threads) << what;
+  };
+  {  // the saving layout: each row block is one run, read straight into the buffer
+    std::vector<float> got(saved.size(), -1.f);
+    StateDict st;
+    st.add("model/w", DType::kF32, shape, rows, got.data());
+    auto r = ck.load(st, root + "/ckpt", plain);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_split(*r, "rows");
+    EXPECT_EQ(r->copy_s, 0.0) << "nothing goes through the bounce buffer";
+    EXPECT_EQ(got, saved);
+  }
+  {  // a column shard (one per rank, so that every rank reads): runs of at most 32 floats 256
+     // bytes apart, batched into bounce reads and copied out
+    const int parts = std::max(2, n);
+    const ShardSpec cols = ShardSpec::split(shape, 1, parts, me);
+    const int64_t width = cols.box.shape[1];
+    std::vector<float> got(static_cast<size_t>(cols.numel()), -1.f);
+    StateDict st;
+    st.add("model/w", DType::kF32, shape, cols, got.data());
+    auto r = ck.load(st, root + "/ckpt", plain);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_split(*r, "columns");
+    EXPECT_GT(r->copy_s, 0.0);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < 512; ++i)
+      for (int64_t c = 0; c < width; ++c)
+        bad += got[static_cast<size_t>(i * width + c)] != value(i, cols.box.offset[1] + c);
+    EXPECT_EQ(bad, 0);
+  }
+  {  // f32 into bf16: converted through the bounce buffer
+    LoadOptions convert = plain;
+    convert.convert_dtype = true;
+    std::vector<uint16_t> got(saved.size(), 0);
+    StateDict st;
+    st.add("model/w", DType::kBF16, shape, rows, got.data());
+    auto r = ck.load(st, root + "/ckpt", convert);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_split(*r, "bf16");
+    EXPECT_GT(r->copy_s, 0.0);
+    int64_t bad = 0;  // against the f32 bits rounded to nearest even here
+    for (size_t i = 0; i < saved.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &saved[i], 4);
+      const uint32_t rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;  // round to nearest even
+      bad += got[i] != static_cast<uint16_t>(rounded);
+    }
+    EXPECT_EQ(bad, 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == 0) std::filesystem::remove_all(root);
 }

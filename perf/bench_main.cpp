@@ -39,6 +39,14 @@ namespace {
 
 int g_rank = 0, g_size = 1;
 
+// A load's LoadReport split, as the load_phases lines print it per rank.
+constexpr size_t kPhaseFields = 8;
+constexpr const char* kPhaseNames[kPhaseFields] = {"plan_s", "open_s",        "read_s",     "io_s",
+                                                   "copy_s", "verify_busy_s", "exchange_s", "total_s"};
+std::array<double, kPhaseFields> phase_fields(const LoadReport& r) {
+  return {r.plan_s, r.open_s, r.read_s, r.io_s, r.copy_s, r.verify_s, r.exchange_s, r.total_s};
+}
+
 void write_all(int fd, const char* p, size_t n) {
   while (n) {
     ssize_t w = ::write(fd, p, n);
@@ -402,7 +410,8 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
   };
   // Per rank, per load sample: {plan, read, verify, exchange, total} seconds (LoadReport).
-  std::map<std::string, std::vector<std::array<double, 5>>> phases;
+  // Per load kind, each sample's LoadReport split (load_phases below).
+  std::map<std::string, std::vector<std::array<double, kPhaseFields>>> phases;
   int verify_threads = 0, io_threads = 0;
   for (int rep = 0; rep < repeats; ++rep) {
     // --- write floors --------------------------------------------------------------------
@@ -586,13 +595,13 @@ int main(int argc, char** argv) {
       t["load_verify_s"].push_back(max_all(lr.verify_s));
       verify_threads = lr.verify_threads;
       io_threads = lr.io_threads;
-      phases["verified"].push_back({lr.plan_s, lr.read_s, lr.verify_s, lr.exchange_s, lr.total_s});
+      phases["verified"].push_back(phase_fields(lr));
       // The same load without checking the verification blocks (LoadOptions::verify = false).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
       t["load_unverified_s"].push_back(timed([&] { lr = check(ck.load(same_sd, sync_path, unverified), "load"); }));
       read_bytes = lr.bytes_read;
-      phases["unverified"].push_back({lr.plan_s, lr.read_s, lr.verify_s, lr.exchange_s, lr.total_s});
+      phases["unverified"].push_back(phase_fields(lr));
       t["load_unverified_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
@@ -614,9 +623,10 @@ int main(int argc, char** argv) {
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
       pm.start(ck_reshard);
-      t["reshard_load_s"].push_back(timed([&] {
-        read_bytes = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load").bytes_read;
-      }));
+      t["reshard_load_s"].push_back(
+          timed([&] { lr = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load"); }));
+      read_bytes = lr.bytes_read;
+      phases["reshard"].push_back(phase_fields(lr));
       note("reshard", pm);
       t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
     }
@@ -664,16 +674,16 @@ int main(int argc, char** argv) {
   }
 
   // Where each rank's load time goes: the median of every phase over the samples, per rank.
-  std::map<std::string, std::vector<double>> phase_table;  // rank 0: kind -> ranks x 5
-  for (const char* kind : {"verified", "unverified"}) {
-    std::array<double, 5> mine{};
+  std::map<std::string, std::vector<double>> phase_table;  // rank 0: kind -> ranks x kPhaseFields
+  for (const char* kind : {"verified", "unverified", "reshard"}) {
+    std::array<double, kPhaseFields> mine{};
     for (size_t f = 0; f < mine.size(); ++f) {
       std::vector<double> v;
       for (const auto& sample : phases[kind]) v.push_back(sample[f]);
       mine[f] = median(v);
     }
-    std::vector<double> all(g_rank == 0 ? 5 * static_cast<size_t>(g_size) : 0);
-    MPI_Gather(mine.data(), 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    std::vector<double> all(g_rank == 0 ? kPhaseFields * static_cast<size_t>(g_size) : 0);
+    MPI_Gather(mine.data(), kPhaseFields, MPI_DOUBLE, all.data(), kPhaseFields, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     phase_table[kind] = std::move(all);
   }
 
@@ -681,17 +691,16 @@ int main(int argc, char** argv) {
     for (const auto& [kind, all] : phase_table) {
       json ranks = json::array();
       for (int r = 0; r < g_size; ++r) {
-        const double* p = &all[5 * static_cast<size_t>(r)];
-        ranks.push_back({{"rank", r},
-                         {"plan_s", p[0]},
-                         {"read_s", p[1]},
-                         {"verify_busy_s", p[2]},
-                         {"exchange_s", p[3]},
-                         {"total_s", p[4]}});
+        const double* p = &all[kPhaseFields * static_cast<size_t>(r)];
+        json row = {{"rank", r}};
+        for (size_t f = 0; f < kPhaseFields; ++f) row[kPhaseNames[f]] = p[f];
+        ranks.push_back(std::move(row));
       }
-      // plan: metadata, opening the data file and the plan; read: reads, with the block checks
-      // and copies out of landing buffers running beside them (verify_busy_s: their summed busy
-      // time, hidden inside read_s when verify_threads > 0); exchange: waiting for transfers.
+      // plan: metadata, opening the data file (open_s, part of plan_s) and the plan; read: reads,
+      // of which io_s waited in pread and copy_s copied out of bounce buffers (both summed over
+      // the reader threads), with the block checks and copies out of landing buffers running
+      // beside them (verify_busy_s: their summed busy time, hidden inside read_s when
+      // verify_threads > 0); exchange: waiting for transfers.
       std::printf(
           "%s\n",
           json{{"scenario", "load_phases"}, {"load", kind}, {"verify_threads", verify_threads}, {"per_rank", ranks}}

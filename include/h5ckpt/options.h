@@ -228,8 +228,13 @@ struct LoadReport {
   /// check_only: every dtype the options refuse, as "'key': checkpoint holds f32, the state wants i64".
   std::vector<std::string> dtype_mismatches;
   double plan_s = 0;      ///< metadata, validation and the load plan
+  double open_s = 0;      ///< of plan_s: `latest` followed, metadata.json read, the data file opened
   double read_s = 0;      ///< storage reads
   double exchange_s = 0;  ///< waiting for transfers after the reads
+  /// Of read_s, summed over the reader threads: seconds waiting in `pread` (io_s), and seconds
+  /// copying or converting read bytes from a bounce buffer into place (copy_s; copies out of the
+  /// checks' landing buffers are in verify_s). Bytes read in place are copied by the kernel only.
+  double io_s = 0, copy_s = 0;
   /// Seconds spent checking verification blocks (and copying checked bytes out of landing
   /// buffers), summed over the threads that did it; with verify_threads they run beside the
   /// reads, so this is work hidden inside read_s rather than added to it.

@@ -346,6 +346,10 @@ def test_load_reshard(globals_):
     verify("load")
     check(rep.path == path("kinds") and rep.transport == "mpi", f"load report {rep}")
     check(W.allreduce(rep.bytes_sent) == W.allreduce(rep.bytes_received), "bytes sent == bytes received")
+    d = rep.to_dict()
+    check(0 < rep.open_s <= rep.plan_s and d["open_s"] == rep.open_s, f"open_s inside plan_s: {d}")
+    check(d["io_s"] == rep.io_s and d["copy_s"] == rep.copy_s and rep.copy_s >= 0, f"io_s, copy_s: {d}")
+    check(rep.bytes_read == 0 or rep.io_s > 0, f"a rank that read waited in pread: {d}")
 
     def wipe():
         for key, (buf, spec) in bufs.items():

@@ -93,7 +93,10 @@ py::dict load_report_dict(const LoadReport& r) {
   d["shape_mismatches"] = r.shape_mismatches;
   d["dtype_mismatches"] = r.dtype_mismatches;
   d["plan_s"] = r.plan_s;
+  d["open_s"] = r.open_s;
   d["read_s"] = r.read_s;
+  d["io_s"] = r.io_s;
+  d["copy_s"] = r.copy_s;
   d["exchange_s"] = r.exchange_s;
   d["total_s"] = r.total_s;
   d["plan_cached"] = r.plan_cached;
@@ -469,7 +472,10 @@ void bind_core(py::module_& m) {
       .def_readonly("shape_mismatches", &LoadReport::shape_mismatches)
       .def_readonly("dtype_mismatches", &LoadReport::dtype_mismatches)
       .def_readonly("plan_s", &LoadReport::plan_s)
+      .def_readonly("open_s", &LoadReport::open_s)
       .def_readonly("read_s", &LoadReport::read_s)
+      .def_readonly("io_s", &LoadReport::io_s)
+      .def_readonly("copy_s", &LoadReport::copy_s)
       .def_readonly("exchange_s", &LoadReport::exchange_s)
       .def_readonly("verify_threads", &LoadReport::verify_threads)
       .def_readonly("io_threads", &LoadReport::io_threads)

@@ -312,7 +312,10 @@ Result<AggregatedReadReport> run_aggregated_read(MPI_Comm comm, const std::strin
   Status st =
       comm::wait_asleep(static_cast<int>(recvs.size()), recvs.data(), kPollMicros, "read window receives", comm);
   if (local.ok() && !st.ok()) local = st;
-  if (file) report.bytes_read = file->bytes_read();
+  if (file) {
+    report.bytes_read = file->bytes_read();
+    report.io_s = file->io_s();
+  }
   if (!local.ok()) return local;
   return report;
 }

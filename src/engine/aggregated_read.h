@@ -30,6 +30,7 @@ struct AggregatedReadReport {
   uint64_t bytes_received = 0;  ///< bytes received from other ranks
   uint64_t windows = 0;         ///< windows this rank read
   uint64_t messages = 0;        ///< messages it received (one per run of pieces back to back in memory)
+  double io_s = 0;              ///< seconds its reading helper waited in `pread`
 };
 
 /// Window-sized buffers a two-phase read uses: two windows (one is read while the other is sent)

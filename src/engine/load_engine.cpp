@@ -263,6 +263,7 @@ Status resolve_metadata(LoadRun& run, const std::string& path, bool* replan, boo
   } else {
     local = r.status();
   }
+  run.report.open_s = now_s() - run.t0;
   if (local.ok() && run.pieces) local = run.pieces->status();  // an invalid multi-piece item
   run.wants = describe_wants(run.state);
   // The cache key (docs/design.md, "Plan caches"): the text of metadata.json (a v2
@@ -704,6 +705,7 @@ struct AggregatedLoad {
       if (local.ok()) local = done.status();
     } else {
       run.report.bytes_read += done->bytes_read;
+      run.report.io_s += done->io_s;
       run.report.bytes_sent += done->bytes_sent;
       run.report.bytes_received += done->bytes_received;
     }
@@ -819,6 +821,7 @@ struct PerItemLoad {
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> extra_bytes{0};
   std::atomic<uint64_t> check_ns{0};
+  std::atomic<uint64_t> io_ns{0}, copy_ns{0};  // the reader threads' pread and bounce-copy time
   std::optional<detail::WorkPool> checks;
 
   StateItem& item_of(const ReadItem& r) { return run.state.items()[r.item]; }
@@ -944,6 +947,8 @@ struct PerItemLoad {
     if (rdr) {
       rdr->defer_checks({});
       check_ns += static_cast<uint64_t>(rdr->check_s() * 1e9);
+      io_ns += static_cast<uint64_t>(rdr->io_s() * 1e9);
+      copy_ns += static_cast<uint64_t>(rdr->copy_s() * 1e9);
     }
     if (own) extra_bytes += own->bytes_read();
   }
@@ -1012,6 +1017,8 @@ struct PerItemLoad {
     }
     run.report.bytes_read = (run.reader ? run.reader->bytes_read() : 0) + extra_bytes.load();
     run.report.verify_s = static_cast<double>(check_ns.load()) * 1e-9;
+    run.report.io_s = static_cast<double>(io_ns.load()) * 1e-9;
+    run.report.copy_s = static_cast<double>(copy_ns.load()) * 1e-9;
     run.report.verify_threads = checks ? checks->threads() : 0;
     run.report.io_threads = reads.empty() ? 0 : threads;
   }

@@ -72,6 +72,11 @@ class RegionReader {
   /// Seconds this reader spent checking blocks on its own thread (deferred checks are counted in
   /// their sink's busy_ns instead).
   double check_s() const { return static_cast<double>(check_ns_) * 1e-9; }
+  /// Seconds this reader waited in `pread` (the storage's share of a load's read phase).
+  double io_s() const { return static_cast<double>(io_ns_) * 1e-9; }
+  /// Seconds this reader spent copying or converting read bytes from its bounce buffer into the
+  /// destination (copies out of deferred checks' landing buffers count in their busy_ns).
+  double copy_s() const { return static_cast<double>(copy_ns_) * 1e-9; }
 
   /// Reads the part of `t` that `shard` names (a box, or a flat range of one) into `dst`, laid
   /// out as that shard's buffer: shard.numel() elements of `dst_type`. The shard must lie inside
@@ -101,6 +106,8 @@ class RegionReader {
   std::vector<char> verify_buf_;
   CheckSink sink_;
   uint64_t check_ns_ = 0;
+  uint64_t io_ns_ = 0;
+  uint64_t copy_ns_ = 0;
   struct Spares;                    // landing buffers of deferred checks, reused
   std::shared_ptr<Spares> spares_;  // shared with the jobs that hold them
   uint64_t size_ = 0;
