@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -564,6 +565,16 @@ int main(int argc, char** argv) {
     LoadOptions unverified = config.load;  // what every load was before verification blocks
     unverified.verify = false;
     uint64_t read_bytes = 0;
+    // The four loads the ratios compare (verified and unverified, same layout and resharding)
+    // each run on a Checkpointer made for it outside the timing, so each plans as a job's one
+    // load at its start does: on a reused one, a load after another with the same options (the
+    // unverified after the verified) found its plan cached and skipped 2-11 ms of planning that
+    // the other paid. The other loads' options differ from their neighbours', so they plan too.
+    std::optional<Checkpointer> once;
+    auto fresh = [&](const Topology& topo) -> Checkpointer& {
+      once.reset();
+      return once.emplace(topo, copts);
+    };
     // Cold reads vary most on this VM, so each repeat measures them in several interleaved
     // rounds: floors and loads alternate and see the same conditions.
     for (int round = 0; round < read_rounds; ++round) {
@@ -584,8 +595,9 @@ int main(int argc, char** argv) {
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
       LoadReport lr;
-      pm.start(ck);
-      t["load_s"].push_back(timed([&] { lr = check(ck.load(same_sd, sync_path, config.load), "load"); }));
+      Checkpointer& ck_load = fresh(save_topo);
+      pm.start(ck_load);
+      t["load_s"].push_back(timed([&] { lr = check(ck_load.load(same_sd, sync_path, config.load), "load"); }));
       note("load", pm);
       t["load_bytes_read"].push_back(static_cast<double>(sum_all(lr.bytes_read)));
       // Where the load's time goes (slowest rank in each part).
@@ -599,14 +611,18 @@ int main(int argc, char** argv) {
       // The same load without checking the verification blocks (LoadOptions::verify = false).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
-      t["load_unverified_s"].push_back(timed([&] { lr = check(ck.load(same_sd, sync_path, unverified), "load"); }));
+      Checkpointer& ck_unverified = fresh(save_topo);
+      t["load_unverified_s"].push_back(
+          timed([&] { lr = check(ck_unverified.load(same_sd, sync_path, unverified), "load"); }));
       read_bytes = lr.bytes_read;
       phases["unverified"].push_back(phase_fields(lr));
       t["load_unverified_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
-      t["reshard_load_unverified_s"].push_back(timed(
-          [&] { read_bytes = check(ck_reshard.load(reshard_sd, async_path, unverified), "reshard load").bytes_read; }));
+      Checkpointer& ck_reshard_unverified = fresh(load_topo);
+      t["reshard_load_unverified_s"].push_back(timed([&] {
+        read_bytes = check(ck_reshard_unverified.load(reshard_sd, async_path, unverified), "reshard load").bytes_read;
+      }));
       // The same load with every DP replica reading for itself (zero-redundancy off).
       cold_start(sync_data, ck_begin, ck_end);
       if (!no_prewarm) prewarm(same_sd);
@@ -622,13 +638,15 @@ int main(int argc, char** argv) {
       t["load_aggregated_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
       cold_start(async_data, async_begin, async_end);
       if (!no_prewarm) prewarm(reshard_sd);
-      pm.start(ck_reshard);
+      Checkpointer& ck_reshard_load = fresh(load_topo);
+      pm.start(ck_reshard_load);
       t["reshard_load_s"].push_back(
-          timed([&] { lr = check(ck_reshard.load(reshard_sd, async_path, config.load), "reshard load"); }));
+          timed([&] { lr = check(ck_reshard_load.load(reshard_sd, async_path, config.load), "reshard load"); }));
       read_bytes = lr.bytes_read;
       phases["reshard"].push_back(phase_fields(lr));
       note("reshard", pm);
       t["reshard_bytes_read"].push_back(static_cast<double>(sum_all(read_bytes)));
+      once.reset();
     }
     // --- device memory (--device) ----------------------------------------------------------
     if (device_kind != "none") {
