@@ -127,6 +127,8 @@ class DTensorLayouts:
     """torch 2.x: DTensors on a (tp, dp) mesh; "save" shards columns over tp and rows over dp (a
     column-parallel weight under data-parallel sharding), "other" swaps the two."""
 
+    async_save = None  # torch 2.2 has dcp.save/load but no async_save (added in 2.3)
+
     def __init__(self, shape, tp, api):
         init_device_mesh, self.DTensor, Shard, self.dcp = api
         if N % tp:
@@ -238,6 +240,7 @@ def main():
     else:
         port = None
     port = W.bcast(port, root=0)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the GPU machine has no network: gloo over loopback
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=R, world_size=N)
 
     per_tensor = a.mib * (1 << 20) // a.tensors // 4  # float32 elements
