@@ -58,6 +58,7 @@ class WorkPool {
     std::function<Status()> run;
     bool holds_buffer = true;  // counts against max_queued_
   };
+  static void run_as_batch();  // the calling worker yields to its feeder on wake-up
   void work();
   void run(Job& job);
   void finish_one(const std::shared_ptr<Group>& g, const Status& st);
