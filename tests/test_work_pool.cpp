@@ -1,8 +1,8 @@
 // detail::WorkPool and default_threads: the helper threads behind a load's block checks and a
 // snapshot's copies. What is tried here: a producer that helps runs the queued jobs itself while
 // every worker is held up, the room of buffer-holding jobs it runs is given back, their errors
-// reach the group, the default thread count leaves the readers' cores alone, and the workers run
-// as SCHED_BATCH (a woken worker does not take its feeder's core).
+// reach the group, the default thread count leaves the readers' cores alone, and a batch pool's
+// workers run as SCHED_BATCH (a woken worker does not take its feeder's core).
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
@@ -143,21 +143,11 @@ TEST(WorkPool, HelpWithNothingQueuedReturnsAtOnce) {
   EXPECT_EQ(ran.load(), 5);
 }
 
-// Every worker runs as SCHED_BATCH, so that waking one never takes the feeding thread's core
-// (the reader of a verified load lost 5-11 ms per load to that on the 2-core VM), while the
-// thread that made the pool keeps its own policy.
-TEST(WorkPool, WorkersRunAsBatchAndLeaveTheFeederAlone) {
-  {  // where the policy is refused (a sandbox), the pool runs as before: nothing to check
-    bool allowed = false;
-    std::thread probe([&] {
-      sched_param none{};
-      allowed = pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0;
-    });
-    probe.join();
-    if (!allowed) GTEST_SKIP() << "SCHED_BATCH refused here";
-  }
-  const int before = sched_getscheduler(0);
-  WorkPool pool(3);
+namespace {
+
+// The policy of every job's thread in a pool of 3 workers.
+std::vector<int> worker_policies(bool batch) {
+  WorkPool pool(3, 0, batch);
   auto g = pool.group();
   std::mutex mu;
   std::vector<int> policies;
@@ -169,8 +159,32 @@ TEST(WorkPool, WorkersRunAsBatchAndLeaveTheFeederAlone) {
       return Status::Ok();
     });
   pool.seal(g);
-  ASSERT_TRUE(pool.wait(g).ok());
-  ASSERT_EQ(policies.size(), 12u);
-  for (int p : policies) EXPECT_EQ(p, SCHED_BATCH);
+  EXPECT_TRUE(pool.wait(g).ok());
+  return policies;
+}
+
+}  // namespace
+
+// A batch pool's workers run as SCHED_BATCH, so that waking one never takes the feeding thread's
+// core (the reader of a verified load lost 5-11 ms per load to that on the 2-core VM); a default
+// pool's keep the policy of the thread that made them (a transfer's hashers must preempt its
+// polling loop), and so does that thread.
+TEST(WorkPool, BatchWorkersRunAsBatchAndOthersAsTheirMaker) {
+  const int before = sched_getscheduler(0);
+  const std::vector<int> plain = worker_policies(false);
+  ASSERT_EQ(plain.size(), 12u);
+  for (int p : plain) EXPECT_EQ(p, before);
+  {  // where the policy is refused (a sandbox), a batch pool runs as before: nothing more to check
+    bool allowed = false;
+    std::thread probe([&] {
+      sched_param none{};
+      allowed = pthread_setschedparam(pthread_self(), SCHED_BATCH, &none) == 0;
+    });
+    probe.join();
+    if (!allowed) GTEST_SKIP() << "SCHED_BATCH refused here";
+  }
+  const std::vector<int> batch = worker_policies(true);
+  ASSERT_EQ(batch.size(), 12u);
+  for (int p : batch) EXPECT_EQ(p, SCHED_BATCH);
   EXPECT_EQ(sched_getscheduler(0), before);
 }

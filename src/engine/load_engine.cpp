@@ -908,7 +908,7 @@ struct PerItemLoad {
     // The reader threads keep their cores: a checker beside them on an oversubscribed core slowed
     // a 1-rank load on 2 cores by 7% (verified / unverified 1.07-1.09 against 1.04 with one).
     const int n = detail::default_threads(run.copts.verify_threads, run.topo.node.size(), threads);
-    checks.emplace(n, n + 1);
+    checks.emplace(n, n + 1, /*batch=*/true);  // a woken checker must not take a reader's core
   }
 
   // A reader thread (`rdr`: the run's reader, or null to open its own file handle) takes the

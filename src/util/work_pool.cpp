@@ -13,24 +13,22 @@ int default_threads(int requested, int ranks_here, int busy_here) {
   return std::max(1, hw / std::max(1, ranks_here) - std::max(0, busy_here));
 }
 
-// A worker is throughput work beside the thread that feeds it (a load's reader, a snapshot's
-// caller, a transfer's progress loop). Woken by a submit, a normal thread may take the feeder's
-// core at once (the scheduler's wake-up preemption): on the 2-core VM a 1-rank verified load's
-// reader spent 5-11 ms of its 0.4 s submitting ~190 checks; with the workers SCHED_BATCH, which
-// does not preempt when it wakes, 0.9-1.5 ms. The policy needs no privilege; where it is refused
-// the worker runs as before.
+// A worker woken by a submit may take its feeder's core at once (the scheduler's wake-up
+// preemption): on the 2-core VM a 1-rank verified load's reader spent 5-11 ms of its 0.4 s
+// submitting ~190 checks; with the checkers SCHED_BATCH, which does not preempt when it wakes,
+// 0.9-1.5 ms. The policy needs no privilege; where it is refused the worker runs as before.
 void WorkPool::run_as_batch() {
   sched_param none{};
   (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &none);
 }
 
-WorkPool::WorkPool(int threads, int max_queued) {
+WorkPool::WorkPool(int threads, int max_queued, bool batch) {
   threads = std::max(1, threads);
   max_queued_ = max_queued > 0 ? static_cast<size_t>(max_queued) : 2 * static_cast<size_t>(threads) + 2;
   workers_.reserve(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i)
-    workers_.emplace_back([this] {
-      run_as_batch();
+    workers_.emplace_back([this, batch] {
+      if (batch) run_as_batch();
       work();
     });
 }
