@@ -139,35 +139,32 @@ TEST(Reshard, LoadReportSaysWhereTheTimeWent) {
   }
   LoadOptions plain;
   plain.verify = false;  // the reads alone: no checks, no landing buffers
-  auto expect_split = [&](const LoadReport& r, const char* what) {
+  // Loads "model/w" as `dtype` into `buf`, laid out as `shard`, and checks the report's split.
+  auto load_into = [&](DType dtype, const ShardSpec& shard, void* buf, const LoadOptions& options, const char* what) {
+    StateDict st;
+    st.add("model/w", dtype, shape, shard, buf);
+    auto loaded = ck.load(st, root + "/ckpt", options);
+    EXPECT_TRUE(loaded.ok()) << what << ": " << loaded.status().to_string();
+    const LoadReport r = loaded.ok() ? *loaded : LoadReport{};
     EXPECT_GT(r.open_s, 0.0) << what;
     EXPECT_LE(r.open_s, r.plan_s) << what;
     EXPECT_GT(r.io_s, 0.0) << what;
     EXPECT_LE(r.io_s, r.read_s * r.io_threads) << what;
     EXPECT_LE(r.copy_s, r.read_s * r.io_threads) << what;
+    return r;
   };
   {  // the saving layout: each row block is one run, read straight into the buffer
     std::vector<float> got(saved.size(), -1.f);
-    StateDict st;
-    st.add("model/w", DType::kF32, shape, rows, got.data());
-    auto r = ck.load(st, root + "/ckpt", plain);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    expect_split(*r, "rows");
-    EXPECT_EQ(r->copy_s, 0.0) << "nothing goes through the bounce buffer";
+    const LoadReport r = load_into(DType::kF32, rows, got.data(), plain, "rows");
+    EXPECT_EQ(r.copy_s, 0.0) << "nothing goes through the bounce buffer";
     EXPECT_EQ(got, saved);
   }
   {  // a column shard (one per rank, so that every rank reads): runs of at most 32 floats 256
      // bytes apart, batched into bounce reads and copied out
-    const int parts = std::max(2, n);
-    const ShardSpec cols = ShardSpec::split(shape, 1, parts, me);
+    const ShardSpec cols = ShardSpec::split(shape, 1, std::max(2, n), me);
     const int64_t width = cols.box.shape[1];
     std::vector<float> got(static_cast<size_t>(cols.numel()), -1.f);
-    StateDict st;
-    st.add("model/w", DType::kF32, shape, cols, got.data());
-    auto r = ck.load(st, root + "/ckpt", plain);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    expect_split(*r, "columns");
-    EXPECT_GT(r->copy_s, 0.0);
+    EXPECT_GT(load_into(DType::kF32, cols, got.data(), plain, "columns").copy_s, 0.0);
     int64_t bad = 0;
     for (int64_t i = 0; i < 512; ++i)
       for (int64_t c = 0; c < width; ++c)
@@ -178,12 +175,7 @@ TEST(Reshard, LoadReportSaysWhereTheTimeWent) {
     LoadOptions convert = plain;
     convert.convert_dtype = true;
     std::vector<uint16_t> got(saved.size(), 0);
-    StateDict st;
-    st.add("model/w", DType::kBF16, shape, rows, got.data());
-    auto r = ck.load(st, root + "/ckpt", convert);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    expect_split(*r, "bf16");
-    EXPECT_GT(r->copy_s, 0.0);
+    EXPECT_GT(load_into(DType::kBF16, rows, got.data(), convert, "bf16").copy_s, 0.0);
     int64_t bad = 0;  // against the f32 bits rounded to nearest even here
     for (size_t i = 0; i < saved.size(); ++i) {
       uint32_t bits;
