@@ -410,7 +410,6 @@ int main(int argc, char** argv) {
     if (g_rank == 0) fs::remove_all(p);
     MPI_Barrier(MPI_COMM_WORLD);
   };
-  // Per rank, per load sample: {plan, read, verify, exchange, total} seconds (LoadReport).
   // Per load kind, each sample's LoadReport split (load_phases below).
   std::map<std::string, std::vector<std::array<double, kPhaseFields>>> phases;
   int verify_threads = 0, io_threads = 0;
