@@ -600,8 +600,20 @@ int main(int argc, char** argv) {
   out["plan_save_kernel_cpu_s"] = kernel1.first - kernel0.first;
   out["plan_save_minor_faults"] = kernel1.second - kernel0.second;
   c0 = cpu_s();
-  const size_t plan_message_bytes = engine::wire::encode_tensors(plan.tensors).size();
+  const std::string plan_message = engine::wire::encode_tensors(plan.tensors);
+  const size_t plan_message_bytes = plan_message.size();
   const double encode_plan_cpu_s = cpu_s() - c0;
+  {
+    // Every rank's part: the plan's message decoded (each rank derives its writes from the whole
+    // plan), with its fresh pages.
+    const auto k0 = kernel_s_and_faults();
+    c0 = cpu_s();
+    const auto decoded_plan = check(engine::wire::decode_tensors(plan_message), "decode_plan");
+    out["save_rank_decode_plan_cpu_s"] = cpu_s() - c0;
+    const auto k1 = kernel_s_and_faults();
+    out["save_rank_decode_plan_minor_faults"] = k1.second - k0.second;
+    if (decoded_plan.size() != plan.tensors.size()) die("decode_plan: tensor count differs");
+  }
   out["plan_save_cpu_s"] = plan_save_cpu_s;
   out["save_coordinator_cpu_s"] = decode_items_cpu_s + plan_save_cpu_s + encode_plan_cpu_s;
   out["save_coordinator_breakdown_cpu_s"] = {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -16,34 +17,51 @@
 
 namespace h5ckpt::planner {
 
+// The distinct sizes of a sequence of jobs, each numbered as it first appears, and the order
+// that visits the jobs by size descending, equal sizes in position order.
+template <class Bytes>
+class SizeClasses {
+ public:
+  /// The class of a job of `bytes`.
+  uint32_t of(Bytes bytes) {
+    if (bytes_.empty() || bytes != bytes_[last_]) {  // neighbours are often one size (one box's slices)
+      auto [it, fresh] = class_of_.try_emplace(bytes, static_cast<uint32_t>(bytes_.size()));
+      if (fresh) bytes_.push_back(bytes);
+      last_ = it->second;
+    }
+    return last_;
+  }
+  Bytes bytes(uint32_t c) const { return bytes_[c]; }
+
+  /// Positions 0..n-1 by their classes' bytes descending (`class_at[p]`: position p's class), equal
+  /// bytes in position order: a counting sort over the classes, which are sorted once.
+  BulkVector<uint32_t> largest_first(std::span<const uint32_t> class_at) const {
+    std::vector<uint32_t> classes(bytes_.size());
+    std::iota(classes.begin(), classes.end(), 0u);
+    std::sort(classes.begin(), classes.end(), [&](uint32_t a, uint32_t b) { return bytes_[a] > bytes_[b]; });
+    std::vector<size_t> start(bytes_.size(), 0);
+    for (uint32_t c : class_at) ++start[c];
+    size_t offset = 0;
+    for (uint32_t c : classes) offset += std::exchange(start[c], offset);
+    BulkVector<uint32_t> order(class_at.size());
+    for (size_t p = 0; p < class_at.size(); ++p) order[start[class_at[p]]++] = static_cast<uint32_t>(p);
+    return order;
+  }
+
+ private:
+  std::unordered_map<Bytes, uint32_t> class_of_;
+  std::vector<Bytes> bytes_;
+  uint32_t last_ = 0;
+};
+
 // Positions 0..n-1 of `jobs` (anything with `bytes`) by bytes descending, equal bytes in
-// position order: a counting sort over the distinct sizes, sorted once.
+// position order.
 template <class Jobs>
 BulkVector<uint32_t> largest_first(const Jobs& jobs) {
-  using Bytes = std::decay_t<decltype(jobs[0].bytes)>;
-  std::unordered_map<Bytes, uint32_t> class_of;  // bytes -> size class
-  std::vector<Bytes> class_bytes;
+  SizeClasses<std::decay_t<decltype(jobs[0].bytes)>> sizes;
   BulkVector<uint32_t> class_at(jobs.size());
-  uint32_t last_class = 0;
-  for (size_t p = 0; p < jobs.size(); ++p) {
-    if (p == 0 || jobs[p].bytes != jobs[p - 1].bytes) {  // neighbours are often one size (one box's slices)
-      auto [it, fresh] = class_of.try_emplace(jobs[p].bytes, static_cast<uint32_t>(class_bytes.size()));
-      if (fresh) class_bytes.push_back(jobs[p].bytes);
-      last_class = it->second;
-    }
-    class_at[p] = last_class;
-  }
-  // Where each class's positions start in the order: classes by bytes descending.
-  std::vector<uint32_t> classes(class_bytes.size());
-  std::iota(classes.begin(), classes.end(), 0u);
-  std::sort(classes.begin(), classes.end(), [&](uint32_t a, uint32_t b) { return class_bytes[a] > class_bytes[b]; });
-  std::vector<size_t> start(class_bytes.size(), 0);
-  for (uint32_t c : class_at) ++start[c];
-  size_t offset = 0;
-  for (uint32_t c : classes) offset += std::exchange(start[c], offset);
-  BulkVector<uint32_t> order(jobs.size());
-  for (size_t p = 0; p < jobs.size(); ++p) order[start[class_at[p]]++] = static_cast<uint32_t>(p);
-  return order;
+  for (size_t p = 0; p < jobs.size(); ++p) class_at[p] = sizes.of(jobs[p].bytes);
+  return sizes.largest_first(class_at);
 }
 
 }  // namespace h5ckpt::planner

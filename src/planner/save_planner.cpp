@@ -169,16 +169,24 @@ Status validate_shard(const ItemView& it) {
   return it.shard().validate(to_shape(it.global_shape()));
 }
 
-// A unique non-empty region of a tensor: the first holder's description of it (for messages and
-// the exact overlap test), with what the checks and the plan need kept beside it so that they
-// compare integers rather than chase the descriptions of thousands of ranks. 32 bytes: at 8,960
-// ranks there are 1.45 million, and on a VM every fresh page costs a trap to the host.
+// A unique non-empty region of a tensor, as integers, so that the checks and the plan compare
+// them rather than chase the descriptions of thousands of ranks: its box (whose description, for
+// messages and the exact overlap test, the tensor's distinct box keeps), range and flatness. 24
+// bytes: at 8,960 ranks there are 1.45 million, and on a VM every fresh page costs a trap to the
+// host. No bit fields: GCC stored them by reading the word first, and a fresh page read before
+// it is written faults twice (the zero page, then the copy).
 struct UniqueRegion {
-  const ItemView* item;
-  int64_t begin, end;  // flat_span(*item)
-  uint32_t box;        // the tensor's distinct box it lies in (TensorAcc::boxes)
-  uint32_t flat;       // item->flat is set
+  int64_t begin, end;     // flat_span of its first holder's item
+  uint32_t box_and_flat;  // the tensor's distinct box it lies in (TensorAcc::boxes), times 2, plus
+                          // 1 for a flat range of that box
+  uint32_t position;      // its place in the plan (tensors by key, then order of appearance)
+
+  UniqueRegion(int64_t b, int64_t e, uint32_t box, uint32_t flat)
+      : begin(b), end(e), box_and_flat(box << 1 | flat), position(0) {}
+  uint32_t box() const { return box_and_flat >> 1; }
+  uint32_t flat() const { return box_and_flat & 1; }
 };
+static_assert(sizeof(UniqueRegion) == 24);
 
 // Of box and range: replicas hash alike. From the shard alone (not its box's number), so that the
 // scan can fetch the slot of an item a few places ahead.
@@ -271,12 +279,12 @@ struct TensorAcc {
     const uint32_t k = find_or_insert_id(slots, h, next, [&](uint32_t k) {
       if (hashes[k] != static_cast<uint32_t>(h)) return false;  // most probes end here, out of the pool
       const UniqueRegion& known = pool[regions[k]];
-      return known.box == box && known.begin == begin && known.end == end && known.flat == flat;
+      return known.box_and_flat == (box << 1 | flat) && known.begin == begin && known.end == end;
     });
     if (k == next) {
       regions.push_back(static_cast<uint32_t>(pool.size()));
       hashes.push_back(static_cast<uint32_t>(h));
-      pool.push_back(UniqueRegion{&shard, begin, end, box, flat});
+      pool.push_back(UniqueRegion(begin, end, box, flat));
     }
     return regions[k];
   }
@@ -307,13 +315,24 @@ struct TensorRegions {
   }
 };
 
+using DistinctBoxes = ArenaVector<TensorAcc::DistinctBox>;
+
+// A region as a ShardSpec (for messages and the exact overlap test): its box from the item that
+// the tensor's distinct box keeps, which holds that box.
+ShardSpec shard_of(const UniqueRegion& region, const DistinctBoxes& boxes) {
+  ShardSpec s{box_of(*boxes[region.box()].item), std::nullopt};
+  if (region.flat()) s.flat = std::pair{region.begin, region.end};
+  return s;
+}
+
 // Two regions sharing an element, from their pieces; exact for any boxes and flat ranges, and
 // O(n log n) for the usual layouts (see find_overlap).
-Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shape, const TensorRegions& regions) {
+Result<std::optional<std::pair<size_t, size_t>>> piece_overlap(const Shape& shape, const TensorRegions& regions,
+                                                               const DistinctBoxes& boxes) {
   std::vector<Box> pieces;
   std::vector<size_t> region_of;
   for (size_t r = 0; r < regions.size(); ++r)
-    for (auto& b : shard_boxes(regions[r].item->shard())) {
+    for (auto& b : shard_boxes(shard_of(regions[r], boxes))) {
       pieces.push_back(std::move(b));
       region_of.push_back(r);
     }
@@ -339,12 +358,12 @@ void group_by_box(const TensorRegions& regions, size_t nboxes, CheckScratch& scr
   start.assign(nboxes + 1, 0);
   for (size_t k = 0; k < regions.size(); ++k) {
     regions.prefetch(k);
-    ++start[regions[k].box + 1];
+    ++start[regions[k].box() + 1];
   }
   std::partial_sum(start.begin(), start.end(), start.begin());
   std::vector<uint32_t>& order = scratch.order;
   order.resize(regions.size());
-  for (size_t k = 0; k < regions.size(); ++k) order[start[regions[k].box]++] = static_cast<uint32_t>(k);
+  for (size_t k = 0; k < regions.size(); ++k) order[start[regions[k].box()]++] = static_cast<uint32_t>(k);
   // `start[b]` is now where group b ends, which is where group b + 1 starts.
   auto by_begin = [&](uint32_t a, uint32_t b) { return regions[a].begin < regions[b].begin; };
   for (size_t b = 0, from = 0; b < nboxes; from = start[b++]) {
@@ -360,8 +379,8 @@ void group_by_box(const TensorRegions& regions, size_t nboxes, CheckScratch& scr
 // boxes (a few per tensor: the TP shards) must be disjoint. Only when two distinct boxes overlap
 // are all the regions' pieces compared, which is exact but slower.
 Status check_disjoint_and_complete(const std::string& key, const Shape& shape, const TensorRegions& regions,
-                                   const ArenaVector<TensorAcc::DistinctBox>& distinct,
-                                   const std::function<int(size_t)>& holder_rank, CheckScratch& scratch) {
+                                   const DistinctBoxes& distinct, const std::function<int(size_t)>& holder_rank,
+                                   CheckScratch& scratch) {
   int64_t total = 1;
   for (auto s : shape)
     if (s < 0 || !checked_mul(total, s, &total))
@@ -372,18 +391,18 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
     if (!checked_add(covered, regions[k].end - regions[k].begin, &covered)) covered = INT64_MAX;
   auto overlapping = [&](size_t a, size_t b) {
     if (a > b) std::swap(a, b);
-    return Status(ErrorCode::kInvalidArgument, "key '" + key + "': shard " + to_string_spec(regions[a].item->shard()) +
-                                                   " on rank " + std::to_string(holder_rank(a)) + " overlaps shard " +
-                                                   to_string_spec(regions[b].item->shard()) + " on rank " +
-                                                   std::to_string(holder_rank(b)) +
-                                                   " without being identical (replicas must hold identical regions)");
+    return Status(ErrorCode::kInvalidArgument,
+                  "key '" + key + "': shard " + to_string_spec(shard_of(regions[a], distinct)) + " on rank " +
+                      std::to_string(holder_rank(a)) + " overlaps shard " +
+                      to_string_spec(shard_of(regions[b], distinct)) + " on rank " + std::to_string(holder_rank(b)) +
+                      " without being identical (replicas must hold identical regions)");
   };
   if (regions.size() >= 2) {
     group_by_box(regions, distinct.size(), scratch);
     const std::vector<uint32_t>& order = scratch.order;
     for (size_t k = 1; k < order.size(); ++k) {
       const UniqueRegion &prev = regions[order[k - 1]], &cur = regions[order[k]];
-      if (prev.box == cur.box && prev.end > cur.begin) return overlapping(order[k - 1], order[k]);
+      if (prev.box() == cur.box() && prev.end > cur.begin) return overlapping(order[k - 1], order[k]);
     }
     if (distinct.size() >= 2) {
       scratch.boxes.resize(distinct.size());
@@ -394,7 +413,7 @@ Status check_disjoint_and_complete(const std::string& key, const Shape& shape, c
       }
       auto boxes_meet = find_overlap(shape, scratch.boxes);
       if (!boxes_meet.ok() || *boxes_meet) {  // the ranges may still avoid each other: compare the pieces
-        auto pair = piece_overlap(shape, regions);
+        auto pair = piece_overlap(shape, regions, distinct);
         if (!pair.ok()) return pair.status().with_context("key '" + key + "'");
         if (*pair) return overlapping((*pair)->first, (*pair)->second);
       }
@@ -467,71 +486,78 @@ Status check_group_prefixes(const std::vector<TensorAcc>& accs,
   return Status::Ok();
 }
 
-// The ranks holding each region (by pool id), ascending: counted, then placed (no list per
-// region).
+// The ranks holding each region of the plan (by plan position), ascending: counted, then placed
+// (no list per region).
 struct Holders {
-  BulkVector<uint32_t> begin;  // region id -> its first entry in `ranks`; one past the last id at the end
+  BulkVector<uint32_t> begin;  // plan position -> its first entry in `ranks`; one past the last at the end
   BulkVector<int> ranks;
-  int first(uint32_t region) const { return ranks[begin[region]]; }
+  int first(uint32_t position) const { return ranks[begin[position]]; }
 };
 constexpr uint32_t kNone = UINT32_MAX;  // no tensor; an item that holds nothing of its tensor
 
-// `region_of_item`: every rank's items in order, each its region's pool id or kNone.
-Holders list_holders(std::span<const std::span<const ItemView>> ranks, const BulkVector<uint32_t>& region_of_item,
-                     size_t regions) {
+// `region_of_item`: every rank's items in order, each its region's pool id or kNone; turned into
+// plan positions on the way. Each region's entries are placed from its end, the items visited
+// backwards, so the counts become the starts without an array of cursors.
+Holders list_holders(std::span<const std::span<const ItemView>> ranks, const RegionPool& pool,
+                     BulkVector<uint32_t>& region_of_item) {
   Holders h;
-  h.begin.assign(regions + 1, 0);
-  for (uint32_t region : region_of_item)
-    if (region != kNone) ++h.begin[region + 1];
-  std::partial_sum(h.begin.begin(), h.begin.end(), h.begin.begin());
+  h.begin.assign(pool.size() + 1, 0);
+  for (uint32_t& region : region_of_item)
+    if (region != kNone) ++h.begin[region = pool[region].position];
+  std::partial_sum(h.begin.begin(), h.begin.end(), h.begin.begin());  // begin[p]: where p's entries end
   h.ranks.resize(h.begin.back());
-  BulkVector<uint32_t> next(h.begin.begin(), h.begin.end() - 1);
-  size_t k = 0;
-  for (size_t r = 0; r < ranks.size(); ++r)
-    for (size_t i = 0; i < ranks[r].size(); ++i, ++k)
-      if (const uint32_t region = region_of_item[k]; region != kNone) h.ranks[next[region]++] = static_cast<int>(r);
+  size_t k = region_of_item.size();
+  for (size_t r = ranks.size(); r-- > 0;)
+    for (size_t i = ranks[r].size(); i-- > 0;)
+      if (const uint32_t position = region_of_item[--k]; position != kNone)
+        h.ranks[--h.begin[position]] = static_cast<int>(r);
   return h;
 }
 
-// One region of the plan, at its plan position: its bytes and pool id.
-struct WriteJob {
-  int64_t bytes;
-  uint32_t id;
-};
+// The first rank holding the region with pool id `id`, for a message: a pass over every item,
+// taken only when a check has failed.
+int first_holder(std::span<const std::span<const ItemView>> ranks, const BulkVector<uint32_t>& region_of_item,
+                 uint32_t id) {
+  size_t k = 0;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    for (size_t i = 0; i < ranks[r].size(); ++i)
+      if (region_of_item[k++] == id) return static_cast<int>(r);
+  return -1;
+}
 
 // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
-// holder (ties to the lowest rank). The order is a counting sort by size: region sizes are few
-// (a TP shard, its ZeRO slices, per tensor shape), so it is linear and keeps plan order within
-// a size, as a stable sort would. Writers are collected by plan position, then stored in one
-// pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
-void assign_writers(const BulkVector<WriteJob>& jobs, const Holders& holders, SavePlan& plan) {
-  const BulkVector<uint32_t> order = largest_first(jobs);
-  BulkVector<int> writer_at(jobs.size());
-  // The order jumps between plan positions, and each job leads to its holders by two more
-  // lookups: each is asked for a few jobs ahead of its turn, once the one before it has arrived.
-  constexpr size_t kJobAhead = 12, kBeginAhead = 8, kRanksAhead = 4;
+// holder (ties to the lowest rank). `class_at`: each plan position's size class, replaced by its
+// writer (read once, then written: the writers need no array of their own). Writers are stored
+// in one pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
+void assign_writers(const SizeClasses<int64_t>& sizes, BulkVector<uint32_t>& class_at, const Holders& holders,
+                    SavePlan& plan) {
+  const BulkVector<uint32_t> order = sizes.largest_first(class_at);
+  // The order jumps between plan positions, and each leads to its holders by one more lookup:
+  // each is asked for a few jobs ahead of its turn, once the one before it has arrived.
+  constexpr size_t kBeginAhead = 8, kRanksAhead = 4;
   const size_t n = order.size();
   for (size_t k = 0; k < n; ++k) {
-    if (k + kJobAhead < n) __builtin_prefetch(&jobs[order[k + kJobAhead]]);
-    if (k + kBeginAhead < n) __builtin_prefetch(&holders.begin[jobs[order[k + kBeginAhead]].id]);
-    if (k + kRanksAhead < n) __builtin_prefetch(&holders.ranks[holders.begin[jobs[order[k + kRanksAhead]].id]]);
+    if (k + kBeginAhead < n) {
+      __builtin_prefetch(&holders.begin[order[k + kBeginAhead]]);
+      __builtin_prefetch(&class_at[order[k + kBeginAhead]]);
+    }
+    if (k + kRanksAhead < n) __builtin_prefetch(&holders.ranks[holders.begin[order[k + kRanksAhead]]]);
     const uint32_t pos = order[k];
-    const WriteJob& j = jobs[pos];
-    int best = holders.first(j.id);
-    for (uint32_t h = holders.begin[j.id]; h < holders.begin[j.id + 1]; ++h)
+    int best = holders.first(pos);
+    for (uint32_t h = holders.begin[pos]; h < holders.begin[pos + 1]; ++h)
       if (plan.bytes_by_rank[holders.ranks[h]] < plan.bytes_by_rank[best]) best = holders.ranks[h];
-    writer_at[pos] = best;
-    plan.bytes_by_rank[best] += static_cast<uint64_t>(j.bytes);
+    plan.bytes_by_rank[best] += static_cast<uint64_t>(sizes.bytes(class_at[pos]));
+    class_at[pos] = static_cast<uint32_t>(best);
   }
   size_t pos = 0;
   for (TensorPlan& tp : plan.tensors)
-    for (PlannedRegion& reg : tp.regions) reg.writer = writer_at[pos++];
+    for (PlannedRegion& reg : tp.regions) reg.writer = static_cast<int>(class_at[pos++]);
 }
 
 // The scan's tensors into the plan: checked disjoint and complete, sorted by key, each region given
-// its writer.
-Result<SavePlan> plan_from_scan(size_t nranks, const std::vector<TensorAcc>& accs, const RegionPool& pool,
-                                const Holders& holders) {
+// its writer. `region_of_item` (as list_holders takes it) is consumed.
+Result<SavePlan> plan_from_scan(std::span<const std::span<const ItemView>> ranks, const std::vector<TensorAcc>& accs,
+                                RegionPool& pool, BulkVector<uint32_t> region_of_item) {
   std::vector<TensorPlan> heads = tensor_heads(accs);
 
   // Tensors sorted by key: every rank creates the datasets in this order.
@@ -540,30 +566,37 @@ Result<SavePlan> plan_from_scan(size_t nranks, const std::vector<TensorAcc>& acc
   std::sort(by_key.begin(), by_key.end(), [&](uint32_t a, uint32_t b) { return heads[a].key < heads[b].key; });
 
   SavePlan plan;
-  plan.bytes_by_rank.assign(nranks, 0);
-  BulkVector<WriteJob> jobs;
-  jobs.reserve(pool.size());
+  plan.bytes_by_rank.assign(ranks.size(), 0);
   plan.tensors.reserve(accs.size());
+  SizeClasses<int64_t> sizes;
+  BulkVector<uint32_t> class_at;  // by plan position
+  class_at.reserve(pool.size());
   CheckScratch scratch;
   for (uint32_t a : by_key) {
     const TensorAcc& acc = accs[a];
     const TensorRegions regions{pool, acc.regions};
     TensorPlan& tp = heads[a];
     H5CKPT_RETURN_IF_ERROR(check_disjoint_and_complete(
-        tp.key, tp.shape, regions, acc.boxes, [&](size_t k) { return holders.first(acc.regions[k]); }, scratch));
+        tp.key, tp.shape, regions, acc.boxes,
+        [&](size_t k) { return first_holder(ranks, region_of_item, acc.regions[k]); }, scratch));
     // The regions into the plan while the check has them in cache: 24 bytes each, from the pool
-    // alone (the items are not read again).
+    // alone (the items are not read again), and each one's plan position into the pool.
     const int64_t es = static_cast<int64_t>(dtype_size(tp.dtype));  // numel * es checked in the scan
-    tp.regions.reserve(regions.size());
+    // Zeroed first: PlannedRegion's bit fields are stored by reading their word, and a fresh page
+    // read before it is written faults twice.
+    tp.regions.resize(regions.size());
     for (size_t k = 0; k < regions.size(); ++k) {
-      const UniqueRegion& reg = regions[k];
-      tp.regions.push_back(PlannedRegion{reg.begin, reg.end, reg.box, reg.flat, -1});
-      jobs.push_back(WriteJob{(reg.end - reg.begin) * es, acc.regions[k]});
+      UniqueRegion& reg = pool[acc.regions[k]];
+      reg.position = static_cast<uint32_t>(class_at.size());
+      tp.regions[k] = PlannedRegion{reg.begin, reg.end, reg.box(), reg.flat(), -1};
+      class_at.push_back(sizes.of((reg.end - reg.begin) * es));
     }
     plan.tensors.push_back(std::move(tp));
   }
 
-  assign_writers(jobs, holders, plan);
+  const Holders holders = list_holders(ranks, pool, region_of_item);
+  region_of_item = {};
+  assign_writers(sizes, class_at, holders, plan);
   return plan;
 }
 
@@ -666,9 +699,7 @@ Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks) {
   }
 
   H5CKPT_RETURN_IF_ERROR(check_group_prefixes(accs, acc_of));
-  const Holders holders = list_holders(ranks, region_of_item, pool.size());
-  region_of_item = {};
-  return plan_from_scan(ranks.size(), accs, pool, holders);
+  return plan_from_scan(ranks, accs, pool, std::move(region_of_item));
 }
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
