@@ -34,8 +34,9 @@ class SizeClasses {
   Bytes bytes(uint32_t c) const { return bytes_[c]; }
 
   /// Positions 0..n-1 by their classes' bytes descending (`class_at[p]`: position p's class), equal
-  /// bytes in position order: a counting sort over the classes, which are sorted once.
-  BulkVector<uint32_t> largest_first(std::span<const uint32_t> class_at) const {
+  /// bytes in position order: a counting sort over the classes, which are sorted once. Into
+  /// `order` (whose buffer, when large enough, is reused: its pages are already the process's).
+  BulkVector<uint32_t> largest_first(std::span<const uint32_t> class_at, BulkVector<uint32_t> order = {}) const {
     std::vector<uint32_t> classes(bytes_.size());
     std::iota(classes.begin(), classes.end(), 0u);
     std::sort(classes.begin(), classes.end(), [&](uint32_t a, uint32_t b) { return bytes_[a] > bytes_[b]; });
@@ -43,7 +44,7 @@ class SizeClasses {
     for (uint32_t c : class_at) ++start[c];
     size_t offset = 0;
     for (uint32_t c : classes) offset += std::exchange(start[c], offset);
-    BulkVector<uint32_t> order(class_at.size());
+    order.resize(class_at.size());
     for (size_t p = 0; p < class_at.size(); ++p) order[start[class_at[p]]++] = static_cast<uint32_t>(p);
     return order;
   }

@@ -527,11 +527,12 @@ int first_holder(std::span<const std::span<const ItemView>> ranks, const BulkVec
 
 // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
 // holder (ties to the lowest rank). `class_at`: each plan position's size class, replaced by its
-// writer (read once, then written: the writers need no array of their own). Writers are stored
+// writer (read once, then written: the writers need no array of their own); `scratch`: a buffer
+// for the order, reused when large enough. Writers are stored
 // in one pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
 void assign_writers(const SizeClasses<int64_t>& sizes, BulkVector<uint32_t>& class_at, const Holders& holders,
-                    SavePlan& plan) {
-  const BulkVector<uint32_t> order = sizes.largest_first(class_at);
+                    BulkVector<uint32_t> scratch, SavePlan& plan) {
+  const BulkVector<uint32_t> order = sizes.largest_first(class_at, std::move(scratch));
   // The order jumps between plan positions, and each leads to its holders by one more lookup:
   // each is asked for a few jobs ahead of its turn, once the one before it has arrived.
   constexpr size_t kBeginAhead = 8, kRanksAhead = 4;
@@ -595,8 +596,8 @@ Result<SavePlan> plan_from_scan(std::span<const std::span<const ItemView>> ranks
   }
 
   const Holders holders = list_holders(ranks, pool, region_of_item);
-  region_of_item = {};
-  assign_writers(sizes, class_at, holders, plan);
+  // Its buffer (one entry per item, at least one per region) becomes the writers' order.
+  assign_writers(sizes, class_at, holders, std::move(region_of_item), plan);
   return plan;
 }
 
