@@ -356,6 +356,50 @@ TEST(Wire, TensorPlanWithABoxBeyondInt64IsRefused) {
   EXPECT_FALSE(decode_tensors(plan_with_box({-1, 4})).ok());
 }
 
+// The decoder compares each region's box where it lies in the message: boxes that share an
+// offset, or a prefix of their extents, are still told apart (a damaged local manifest may hold
+// them; a plan of disjoint regions never does), and the message re-encodes to its own bytes.
+TEST(Wire, TensorPlanDecodesEachRegionsOwnBox) {
+  ByteWriter w;
+  w.put<uint64_t>(1);
+  w.put_string("model/w");
+  w.put<uint8_t>(static_cast<uint8_t>(DType::kF32));
+  w.put_vec(Shape{8, 4});
+  const std::vector<std::pair<ShardSpec, int32_t>> regions{
+      {ShardSpec::box_of({0, 0}, {2, 4}), 0},
+      {ShardSpec::box_of({0, 0}, {4, 4}), 1},
+      {ShardSpec::flat_range(Box{{0, 0}, {2, 4}}, 0, 4), 2},
+      {ShardSpec::box_of({0, 0}, {2, 4}), 3},
+      {ShardSpec{Box{{0, 0}, {2, 4, 1}}, std::nullopt}, 4},  // extents longer than the offset
+      {ShardSpec::box_of({2, 0}, {2, 4}), 5},
+      {ShardSpec::box_of({0, 0, 0}, {2, 4, 1}), 6}};
+  w.put<uint64_t>(regions.size());
+  for (const auto& [shard, writer] : regions) {
+    w.put_vec(shard.box.offset);
+    w.put_vec(shard.box.shape);
+    w.put<uint8_t>(shard.flat ? 1 : 0);
+    if (shard.flat) {
+      w.put<int64_t>(shard.flat->first);
+      w.put<int64_t>(shard.flat->second);
+    }
+    w.put<int32_t>(writer);
+  }
+  const auto back = decode_tensors(w.str());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  const planner::TensorPlan& t = (*back)[0];
+  ASSERT_EQ(t.regions.size(), regions.size());
+  EXPECT_EQ(t.boxes.size(), 5u);  // the first box again (twice) is the same box
+  const std::vector<uint32_t> want_box{0, 1, 0, 0, 2, 3, 4};
+  const std::vector<int64_t> want_end{8, 16, 4, 8, 8, 8, 8};
+  for (size_t r = 0; r < regions.size(); ++r) {
+    EXPECT_EQ(t.shard(r), regions[r].first) << r;
+    EXPECT_EQ(t.regions[r].box, want_box[r]) << r;
+    EXPECT_EQ(t.regions[r].end, want_end[r]) << r;
+    EXPECT_EQ(t.regions[r].writer, regions[r].second) << r;
+  }
+  EXPECT_EQ(encode_tensors(*back), w.str());
+}
+
 TEST(Wire, RolesRoundTripAndRejectBrokenMessages) {
   const auto roles = sample_roles();
   const std::string msg = encode_roles(roles);
