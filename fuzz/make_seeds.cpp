@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/wire.h"
+#include "util/bytes.h"
 #include "extras/synthetic_loader.h"
 #include "h5ckpt/loader_state.h"
 #include "storage/meta_v2.h"
@@ -107,6 +108,31 @@ int main(int argc, char** argv) {
     return 1;
   }
   write(w, "tensors", 1, wire::encode_tensors(plan->tensors));
+  {  // the same plan in the older encoding (each region's shard in full), as older local manifests hold it
+    ByteWriter o;
+    o.put<uint64_t>(plan->tensors.size());
+    for (const auto& t : plan->tensors) {
+      o.put_string(t.key);
+      o.put<uint8_t>(static_cast<uint8_t>(t.dtype));
+      o.put_vec(t.shape);
+      o.put<uint64_t>(t.regions.size());
+      for (size_t r = 0; r < t.regions.size(); ++r) {
+        o.put_vec(t.box_of(r).offset);
+        o.put_vec(t.box_of(r).shape);
+        o.put<uint8_t>(t.regions[r].flat);
+        if (t.regions[r].flat) {
+          o.put<int64_t>(t.regions[r].begin);
+          o.put<int64_t>(t.regions[r].end);
+        }
+        o.put<int32_t>(t.regions[r].writer);
+      }
+    }
+    if (!wire::decode_tensors(o.str()).ok()) {
+      std::fprintf(stderr, "the older plan encoding no longer decodes\n");
+      return 1;
+    }
+    write(w, "tensors_older", 1, o.str());
+  }
   std::vector<wire::LoadRequestEntry> reqs(3);
   reqs[0].request = planner::make_request(planner::LoadWant{r0[0], false, false, false});
   reqs[1].skip = true;

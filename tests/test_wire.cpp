@@ -304,14 +304,17 @@ TEST(Wire, TensorPlansRoundTripAndRejectBrokenMessages) {
   EXPECT_EQ(tensors[0].boxes.size(), 2u);    // the plan keeps each distinct box once
   EXPECT_EQ(tensors[0].regions[0].end, 16);  // a whole box: all its elements
   expect_rejects_truncations_and_trailers(msg, decode_tensors, "decode_tensors");
-  EXPECT_FALSE(decode_tensors(with_count(msg, ~0ull)).ok());
+  EXPECT_FALSE(decode_tensors(with_count(msg, ~0ull)).ok());  // no tag: read as the older encoding
+  std::string huge = msg;                                     // the compact encoding's tensor count, after its tag
+  const uint64_t count = ~0ull;
+  std::memcpy(huge.data() + 8, &count, sizeof count);
+  EXPECT_FALSE(decode_tensors(huge).ok());
 }
 
-// Local manifests store the encoded plan: its bytes are what they were when each region carried
-// its own shard (written here from the shards, field by field), though the plan now shares boxes.
-TEST(Wire, TensorPlanEncodingKeepsEachRegionsShard) {
-  const auto tensors = sample_tensors();
-  const auto regions = sample_regions();
+// A plan's message in the older encoding, each region's shard in full (as local manifests of
+// earlier versions hold it), written field by field.
+std::string full_shard_message(const std::vector<planner::TensorPlan>& tensors,
+                               const std::vector<std::vector<std::pair<ShardSpec, int>>>& regions) {
   ByteWriter w;
   w.put<uint64_t>(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -330,7 +333,103 @@ TEST(Wire, TensorPlanEncodingKeepsEachRegionsShard) {
       w.put<int32_t>(writer);
     }
   }
-  EXPECT_EQ(encode_tensors(tensors), w.str());
+  return std::move(w.str());
+}
+
+void expect_same_plan(const std::vector<planner::TensorPlan>& got, const std::vector<planner::TensorPlan>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < want.size(); ++t) {
+    EXPECT_EQ(got[t].key, want[t].key);
+    EXPECT_EQ(got[t].dtype, want[t].dtype);
+    EXPECT_EQ(got[t].shape, want[t].shape);
+    EXPECT_EQ(got[t].boxes, want[t].boxes);
+    ASSERT_EQ(got[t].regions.size(), want[t].regions.size());
+    for (size_t r = 0; r < want[t].regions.size(); ++r) {
+      const planner::PlannedRegion &a = got[t].regions[r], &b = want[t].regions[r];
+      EXPECT_EQ(a.box, b.box) << t << " " << r;
+      EXPECT_EQ(a.flat, b.flat) << t << " " << r;
+      EXPECT_EQ(a.begin, b.begin) << t << " " << r;
+      EXPECT_EQ(a.end, b.end) << t << " " << r;
+      EXPECT_EQ(a.writer, b.writer) << t << " " << r;
+    }
+  }
+}
+
+// Local manifests store the encoded plan: those of earlier versions, whose regions each carry
+// their shard in full, still decode to the same plan (and refuse what they refused), and the
+// compact encoding is pinned here field by field.
+TEST(Wire, TensorPlanEncodingsOlderAndCompact) {
+  const auto tensors = sample_tensors();
+  const auto regions = sample_regions();
+  const std::string older = full_shard_message(tensors, regions);
+  auto back = decode_tensors(older);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  expect_same_plan(*back, tensors);
+  expect_rejects_truncations_and_trailers(older, decode_tensors, "decode_tensors (older encoding)");
+
+  ByteWriter w;
+  w.put<uint64_t>(0xc0de'9a11'0000'0002ull);
+  w.put<uint64_t>(tensors.size());
+  for (const auto& t : tensors) {
+    w.put_string(t.key);
+    w.put<uint8_t>(static_cast<uint8_t>(t.dtype));
+    w.put_vec(t.shape);
+    w.put<uint64_t>(t.boxes.size());
+    for (const Box& b : t.boxes) {
+      w.put_vec(b.offset);
+      w.put_vec(b.shape);
+    }
+    w.put<uint64_t>(t.regions.size());
+    for (const auto& reg : t.regions) {
+      w.put<uint32_t>(reg.box);
+      w.put<uint8_t>(reg.flat);
+      if (reg.flat) {
+        w.put<int64_t>(reg.begin);
+        w.put<int64_t>(reg.end);
+      }
+      w.put<int32_t>(reg.writer);
+    }
+  }
+  const std::string compact = encode_tensors(tensors);
+  EXPECT_EQ(compact, w.str());
+  EXPECT_LT(compact.size(), older.size());
+}
+
+// A compact message's region names its box by number: a number past the tensor's boxes is
+// refused, as is a whole-box region of a box whose element count overflows.
+TEST(Wire, CompactTensorPlanRefusesBadBoxNumbers) {
+  auto message = [](uint32_t box, const Shape& box_shape, bool flat) {
+    ByteWriter w;
+    w.put<uint64_t>(0xc0de'9a11'0000'0002ull);
+    w.put<uint64_t>(1);
+    w.put_string("model/w");
+    w.put<uint8_t>(static_cast<uint8_t>(DType::kF32));
+    w.put_vec(Shape{4, 4});
+    w.put<uint64_t>(1);  // one box
+    w.put_vec(Shape(box_shape.size(), 0));
+    w.put_vec(box_shape);
+    w.put<uint64_t>(1);  // one region
+    w.put<uint32_t>(box);
+    w.put<uint8_t>(flat ? 1 : 0);
+    if (flat) {
+      w.put<int64_t>(0);
+      w.put<int64_t>(3);
+    }
+    w.put<int32_t>(0);
+    return w.str();
+  };
+  const auto good = decode_tensors(message(0, {4, 4}, false));
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ((*good)[0].regions[0].end, 16);
+  const auto flat = decode_tensors(message(0, {4, 4}, true));
+  ASSERT_TRUE(flat.ok()) << flat.status().to_string();
+  EXPECT_EQ((*flat)[0].regions[0].begin, 0);
+  EXPECT_EQ((*flat)[0].regions[0].end, 3);
+  EXPECT_FALSE(decode_tensors(message(1, {4, 4}, false)).ok());
+  EXPECT_FALSE(decode_tensors(message(1, {4, 4}, true)).ok());
+  EXPECT_FALSE(decode_tensors(message(UINT32_MAX, {4, 4}, false)).ok());
+  EXPECT_FALSE(decode_tensors(message(0, {int64_t{1} << 40, int64_t{1} << 40}, false)).ok());
+  EXPECT_FALSE(decode_tensors(message(0, {-1, 4}, false)).ok());
 }
 
 // A decoded region without a flat range spans its whole box: a box whose element count is
@@ -356,9 +455,10 @@ TEST(Wire, TensorPlanWithABoxBeyondInt64IsRefused) {
   EXPECT_FALSE(decode_tensors(plan_with_box({-1, 4})).ok());
 }
 
-// The decoder compares each region's box where it lies in the message: boxes that share an
-// offset, or a prefix of their extents, are still told apart (a damaged local manifest may hold
-// them; a plan of disjoint regions never does), and the message re-encodes to its own bytes.
+// The older encoding's decoder compares each region's box where it lies in the message: boxes
+// that share an offset, or a prefix of their extents, are still told apart (a damaged local
+// manifest may hold them; a plan of disjoint regions never does), and the plan survives the
+// compact encoding.
 TEST(Wire, TensorPlanDecodesEachRegionsOwnBox) {
   ByteWriter w;
   w.put<uint64_t>(1);
@@ -397,7 +497,10 @@ TEST(Wire, TensorPlanDecodesEachRegionsOwnBox) {
     EXPECT_EQ(t.regions[r].end, want_end[r]) << r;
     EXPECT_EQ(t.regions[r].writer, regions[r].second) << r;
   }
-  EXPECT_EQ(encode_tensors(*back), w.str());
+  // Compact, the same plan again.
+  const auto again = decode_tensors(encode_tensors(*back));
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  expect_same_plan(*again, *back);
 }
 
 TEST(Wire, RolesRoundTripAndRejectBrokenMessages) {

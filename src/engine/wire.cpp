@@ -16,6 +16,12 @@ namespace {
 constexpr size_t kMinItemBytes = 1 + 1 + 3 * 4 + 8;  // an items message's record: flags, dtype, counts, key length
 constexpr size_t kMinTensorBytes = 8 + 1 + 8 + 8;
 constexpr size_t kMinRegionBytes = 8 + 8 + 1 + 4;
+constexpr size_t kMinCompactTensorBytes = 8 + 1 + 8 + 8 + 8;  // key length, dtype, shape, boxes, regions
+constexpr size_t kMinBoxBytes = 8 + 8;
+constexpr size_t kMinCompactRegionBytes = 4 + 1 + 4;  // box number, flat, writer
+// The first word of a plan's message in the compact encoding, where the older one (each region's
+// shard in full) starts with its tensor count, which the bytes left bound: never this large.
+constexpr uint64_t kCompactPlanTag = 0xc0de'9a11'0000'0002ull;
 constexpr size_t kMinRoleBytes = 4 + 4 + 4 + 8;
 constexpr size_t kMinRequestBytes = 1 + 8 + 8;    // flags, signature length, bytes
 constexpr size_t kChecksumBytes = 4 + 4 + 8 + 8;  // without its blocks
@@ -244,25 +250,32 @@ Result<GatheredItems> decode_gathered_items(const std::vector<std::string>& mess
 }
 
 std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors) {
-  // Sized first: a 405B plan's message is about 100 MB, which growing by doubling would copy
-  // and fault in twice.
-  size_t size = 8;
+  // Each tensor's distinct boxes once, then each region by its box's number: a 405B plan's
+  // 1.45 million regions lie on 120,000 boxes, and repeating each region's box made the message
+  // 91 MB, which the coordinator writes into fresh pages and every rank decodes.
+  // Sized first, so that the message is not grown by doubling (copied and faulted in twice).
+  size_t size = 16;
   for (const auto& t : tensors) {
-    size += 8 + t.key.size() + 1 + 8 + 8 * t.shape.size() + 8;
-    for (const auto& reg : t.regions) size += 8 + 8 + 16 * t.boxes[reg.box].ndim() + 1 + (reg.flat ? 16 : 0) + 4;
+    size += 8 + t.key.size() + 1 + 8 + 8 * t.shape.size() + 8 + 8;
+    for (const Box& b : t.boxes) size += 16 + 8 * (b.offset.size() + b.shape.size());
+    for (const auto& reg : t.regions) size += 4 + 1 + (reg.flat ? 16 : 0) + 4;
   }
   ByteWriter w;
   w.reserve(size);
+  w.put<uint64_t>(kCompactPlanTag);
   w.put<uint64_t>(tensors.size());
   for (const auto& t : tensors) {
     w.put_string(t.key);
     w.put<uint8_t>(static_cast<uint8_t>(t.dtype));
     w.put_vec(t.shape);
+    w.put<uint64_t>(t.boxes.size());
+    for (const Box& b : t.boxes) {
+      w.put_vec(b.offset);
+      w.put_vec(b.shape);
+    }
     w.put<uint64_t>(t.regions.size());
-    for (const auto& reg : t.regions) {  // each region's shard in full, as put_shard writes it
-      const Box& box = t.boxes[reg.box];
-      w.put_vec(box.offset);
-      w.put_vec(box.shape);
+    for (const auto& reg : t.regions) {
+      w.put<uint32_t>(reg.box);
       w.put<uint8_t>(reg.flat);
       if (reg.flat) {
         w.put<int64_t>(reg.begin);
@@ -274,11 +287,15 @@ std::string encode_tensors(const std::vector<planner::TensorPlan>& tensors) {
   return std::move(w.str());
 }
 
-Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes) {
-  ByteReader r(bytes);
+namespace {
+
+// The older encoding, which local manifests of earlier versions hold: each region's shard in full,
+// as put_shard writes it, its box numbered here in order of first appearance (as plan_save
+// numbers them).
+bool decode_full_shards(ByteReader& r, std::vector<planner::TensorPlan>& tensors) {
   bool bad = false;
   BoxNumbers boxes;
-  std::vector<planner::TensorPlan> tensors(r.get_count(kMinTensorBytes));
+  tensors.resize(r.get_count(kMinTensorBytes));
   for (auto& t : tensors) {
     t.key = r.get_string();
     t.dtype = get_dtype(r, &bad);
@@ -288,7 +305,7 @@ Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes
     // fresh page read before it is written faults twice (the zero page, then the copy).
     t.regions.resize(nregions);  // bounded by the bytes left
     boxes.clear();
-    for (uint64_t k = 0; k < nregions && r.ok(); ++k) {  // each region's shard as put_shard writes it
+    for (uint64_t k = 0; k < nregions && r.ok(); ++k) {
       uint64_t n_offset = 0, n_shape = 0;
       const char* offset = r.get_vec_bytes(&n_offset);
       const char* shape = r.get_vec_bytes(&n_shape);
@@ -303,7 +320,60 @@ Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes
     }
     if (!r.ok()) break;
   }
-  if (bad || !r.ok() || !r.at_end()) return malformed("save plan");
+  return !bad;
+}
+
+// The compact encoding: each tensor's boxes, then its regions by box number. A box number out of
+// range, or a whole-box region of a box whose element count is negative or overflows, is refused.
+bool decode_compact(ByteReader& r, std::vector<planner::TensorPlan>& tensors) {
+  bool bad = false;
+  std::vector<int64_t> volumes;
+  tensors.resize(r.get_count(kMinCompactTensorBytes));
+  for (auto& t : tensors) {
+    t.key = r.get_string();
+    t.dtype = get_dtype(r, &bad);
+    t.shape = r.get_vec();
+    t.boxes.resize(r.get_count(kMinBoxBytes));
+    volumes.resize(t.boxes.size());
+    for (size_t b = 0; b < t.boxes.size() && r.ok(); ++b) {
+      t.boxes[b].offset = r.get_vec();
+      t.boxes[b].shape = r.get_vec();
+      if (!box_volume(t.boxes[b], &volumes[b])) volumes[b] = -1;
+    }
+    const uint64_t nregions = r.get_count(kMinCompactRegionBytes);
+    t.regions.resize(nregions);  // zeroed, then assigned (see decode_full_shards)
+    for (uint64_t k = 0; k < nregions && r.ok(); ++k) {
+      const uint32_t box = r.get<uint32_t>();
+      const bool flat = r.get<uint8_t>() != 0;
+      const int64_t begin = flat ? r.get<int64_t>() : 0;
+      const int64_t end = flat ? r.get<int64_t>() : 0;
+      const int32_t writer = r.get<int32_t>();
+      if (!r.ok()) break;
+      // PlannedRegion numbers boxes in 31 bits.
+      if (box >= t.boxes.size() || box >= (1u << 31) || (!flat && volumes[box] < 0)) {
+        bad = true;
+        break;
+      }
+      t.regions[k] = planner::PlannedRegion{begin, flat ? end : volumes[box], box, flat ? 1u : 0u, writer};
+    }
+    if (!r.ok() || bad) break;
+  }
+  return !bad;
+}
+
+}  // namespace
+
+Result<std::vector<planner::TensorPlan>> decode_tensors(const std::string& bytes) {
+  ByteReader r(bytes);
+  std::vector<planner::TensorPlan> tensors;
+  bool good = false;
+  if (ByteReader peek(bytes); peek.get<uint64_t>() == kCompactPlanTag && peek.ok()) {
+    (void)r.get<uint64_t>();
+    good = decode_compact(r, tensors);
+  } else {
+    good = decode_full_shards(r, tensors);
+  }
+  if (!good || !r.ok() || !r.at_end()) return malformed("save plan");
   return tensors;
 }
 
