@@ -3,6 +3,7 @@
 // hold and values outside their enums.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/wire.h"
@@ -367,27 +368,29 @@ TEST(Wire, TensorPlanEncodingsOlderAndCompact) {
   expect_same_plan(*back, tensors);
   expect_rejects_truncations_and_trailers(older, decode_tensors, "decode_tensors (older encoding)");
 
+  // The compact bytes from the shards: each tensor's distinct boxes in order of first
+  // appearance, then every region as its box's position among them.
   ByteWriter w;
   w.put<uint64_t>(0xc0de'9a11'0000'0002ull);
   w.put<uint64_t>(tensors.size());
-  for (const auto& t : tensors) {
-    w.put_string(t.key);
-    w.put<uint8_t>(static_cast<uint8_t>(t.dtype));
-    w.put_vec(t.shape);
-    w.put<uint64_t>(t.boxes.size());
-    for (const Box& b : t.boxes) {
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<Box> distinct;
+    for (const auto& [shard, writer] : regions[t])
+      if (std::find(distinct.begin(), distinct.end(), shard.box) == distinct.end()) distinct.push_back(shard.box);
+    w.put_string(tensors[t].key);
+    w.put<uint8_t>(static_cast<uint8_t>(tensors[t].dtype));
+    w.put_vec(tensors[t].shape);
+    w.put<uint64_t>(distinct.size());
+    for (const Box& b : distinct) {
       w.put_vec(b.offset);
       w.put_vec(b.shape);
     }
-    w.put<uint64_t>(t.regions.size());
-    for (const auto& reg : t.regions) {
-      w.put<uint32_t>(reg.box);
-      w.put<uint8_t>(reg.flat);
-      if (reg.flat) {
-        w.put<int64_t>(reg.begin);
-        w.put<int64_t>(reg.end);
-      }
-      w.put<int32_t>(reg.writer);
+    w.put<uint64_t>(regions[t].size());
+    for (const auto& [shard, writer] : regions[t]) {
+      w.put<uint32_t>(static_cast<uint32_t>(std::find(distinct.begin(), distinct.end(), shard.box) - distinct.begin()));
+      w.put<uint8_t>(shard.flat ? 1 : 0);
+      if (shard.flat) w.put<int64_t>(shard.flat->first), w.put<int64_t>(shard.flat->second);
+      w.put<int32_t>(writer);
     }
   }
   const std::string compact = encode_tensors(tensors);
@@ -460,12 +463,7 @@ TEST(Wire, TensorPlanWithABoxBeyondInt64IsRefused) {
 // manifest may hold them; a plan of disjoint regions never does), and the plan survives the
 // compact encoding.
 TEST(Wire, TensorPlanDecodesEachRegionsOwnBox) {
-  ByteWriter w;
-  w.put<uint64_t>(1);
-  w.put_string("model/w");
-  w.put<uint8_t>(static_cast<uint8_t>(DType::kF32));
-  w.put_vec(Shape{8, 4});
-  const std::vector<std::pair<ShardSpec, int32_t>> regions{
+  const std::vector<std::pair<ShardSpec, int>> regions{
       {ShardSpec::box_of({0, 0}, {2, 4}), 0},
       {ShardSpec::box_of({0, 0}, {4, 4}), 1},
       {ShardSpec::flat_range(Box{{0, 0}, {2, 4}}, 0, 4), 2},
@@ -473,18 +471,7 @@ TEST(Wire, TensorPlanDecodesEachRegionsOwnBox) {
       {ShardSpec{Box{{0, 0}, {2, 4, 1}}, std::nullopt}, 4},  // extents longer than the offset
       {ShardSpec::box_of({2, 0}, {2, 4}), 5},
       {ShardSpec::box_of({0, 0, 0}, {2, 4, 1}), 6}};
-  w.put<uint64_t>(regions.size());
-  for (const auto& [shard, writer] : regions) {
-    w.put_vec(shard.box.offset);
-    w.put_vec(shard.box.shape);
-    w.put<uint8_t>(shard.flat ? 1 : 0);
-    if (shard.flat) {
-      w.put<int64_t>(shard.flat->first);
-      w.put<int64_t>(shard.flat->second);
-    }
-    w.put<int32_t>(writer);
-  }
-  const auto back = decode_tensors(w.str());
+  const auto back = decode_tensors(full_shard_message({{"model/w", DType::kF32, Shape{8, 4}, {}, {}}}, {regions}));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   const planner::TensorPlan& t = (*back)[0];
   ASSERT_EQ(t.regions.size(), regions.size());
