@@ -716,6 +716,7 @@ int main(int argc, char** argv) {
   // in them), the groups, the roles, and every rank's roles message (their bytes summed, so that
   // the work cannot be left out).
   t0 = now_s();
+  const auto load_kernel0 = kernel_s_and_faults();
   c0 = cpu_s();
   engine::wire::GatheredRequests in = check(engine::wire::decode_gathered_requests(gathered), "requests");
   const double c1 = cpu_s();
@@ -727,6 +728,9 @@ int main(int argc, char** argv) {
   for (size_t r = 0; r < lw; ++r) message_bytes += engine::wire::encode_roles(load_plan, roles, r).size();
   out["load_coordinator_s"] = now_s() - t0;
   out["load_coordinator_cpu_s"] = cpu_s() - c0;
+  const auto load_kernel1 = kernel_s_and_faults();
+  out["load_coordinator_kernel_cpu_s"] = load_kernel1.first - load_kernel0.first;
+  out["load_coordinator_minor_faults"] = load_kernel1.second - load_kernel0.second;
   out["load_coordinator_breakdown_cpu_s"] = {
       {"decode_requests", c1 - c0}, {"plan_load", c2 - c1}, {"assign_roles", c3 - c2}, {"encode_roles", cpu_s() - c3}};
   out["load_roles_message_bytes"] = message_bytes;
