@@ -1145,6 +1145,24 @@ TEST(BulkArena, BlocksGivenBackAreReusedByPowerOfTwoSize) {
   EXPECT_EQ(arena.used(), after_first) << "the second vector grew into fresh memory";
 }
 
+// After its scan the save planner recycles the arena of its hash tables, all dead by then, so
+// that the plan's per-region arrays land on pages already faulted in: the next request starts at
+// the reservation's beginning, and no block given back before is handed out again.
+TEST(BulkArena, RecycledArenaStartsOverAtItsBeginning) {
+  BulkArena arena(size_t{4} << 20);
+  char* first = static_cast<char*>(arena.allocate(1024));
+  void* freed = arena.allocate(256);
+  arena.deallocate(freed, 256);
+  arena.recycle();
+  EXPECT_EQ(arena.used(), 0u);
+  EXPECT_EQ(arena.allocate(256), first) << "a block given back before the recycle, or fresh memory";
+  EXPECT_EQ(arena.allocate(32), first + 256);
+  ArenaVector<int> v{ArenaAllocator<int>(arena)};
+  v.assign(1000, -3);  // over pages holding the old blocks' bytes: assigned, so read back as written
+  EXPECT_EQ(static_cast<void*>(v.data()), first + 288);
+  EXPECT_EQ(std::count(v.begin(), v.end(), -3), 1000);
+}
+
 // Huge pages are asked for unless the kernel hands free blocks of a huge page or less back to its
 // hypervisor (free page reporting, seen to have reported): there a fresh huge page costs more.
 TEST(BulkAllocator, HugePagesAreNotAskedForWhereFreeOnesGoBackToTheHost) {

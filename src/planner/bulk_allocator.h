@@ -8,7 +8,9 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <cstdint>
 #include <new>
 #include <utility>
@@ -121,6 +123,13 @@ class BulkArena {
   }
   /// Bytes taken from the reservation so far.
   size_t used() const { return used_; }
+  /// Starts over at the reservation's beginning, forgetting every block: for scratch after a
+  /// phase whose blocks are all dead (given back or never to be touched again), so that later
+  /// requests land on pages the process has already faulted in.
+  void recycle() {
+    used_ = 0;
+    std::fill(std::begin(free_), std::end(free_), nullptr);
+  }
 
  private:
   static constexpr size_t kAlign = 16;

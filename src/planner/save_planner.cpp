@@ -242,14 +242,21 @@ struct TensorAcc {
   ArenaVector<DistinctBox> boxes;
   ArenaVector<uint32_t> box_slots;  // indices into boxes
 
-  TensorAcc(const ItemView* first_item, int rank, BulkArena& arena)
+  // `lists`: what the plan reads after the scan (regions, boxes); `tables`: what only the scan
+  // uses (the hashes and hash tables), whose pages the plan's scratch reuses once the scan is done.
+  TensorAcc(const ItemView* first_item, int rank, BulkArena& lists, BulkArena& tables)
       : first(first_item),
         first_rank(rank),
-        regions(ArenaAllocator<uint32_t>(arena)),
-        hashes(ArenaAllocator<uint32_t>(arena)),
-        slots(ArenaAllocator<uint32_t>(arena)),
-        boxes(ArenaAllocator<DistinctBox>(arena)),
-        box_slots(ArenaAllocator<uint32_t>(arena)) {}
+        regions(ArenaAllocator<uint32_t>(lists)),
+        hashes(ArenaAllocator<uint32_t>(tables)),
+        slots(ArenaAllocator<uint32_t>(tables)),
+        boxes(ArenaAllocator<DistinctBox>(lists)),
+        box_slots(ArenaAllocator<uint32_t>(tables)) {}
+
+  // The scan is done: its tables go back to their arena.
+  void drop_tables() {
+    for (ArenaVector<uint32_t>* v : {&hashes, &slots, &box_slots}) ArenaVector<uint32_t>(v->get_allocator()).swap(*v);
+  }
 
   // Asks for the slot where find_or_add(shard, bh) will start probing (`bh`: box_hash of its
   // box): the tables of 15,000 tensors do not stay in cache, and the scan knows its next items'
@@ -489,8 +496,9 @@ Status check_group_prefixes(const std::vector<TensorAcc>& accs,
 // The ranks holding each region of the plan (by plan position), ascending: counted, then placed
 // (no list per region).
 struct Holders {
-  BulkVector<uint32_t> begin;  // plan position -> its first entry in `ranks`; one past the last at the end
-  BulkVector<int> ranks;
+  explicit Holders(BulkArena& arena) : begin(ArenaAllocator<uint32_t>(arena)), ranks(ArenaAllocator<int>(arena)) {}
+  ArenaVector<uint32_t> begin;  // plan position -> its first entry in `ranks`; one past the last at the end
+  ArenaVector<int> ranks;
   int first(uint32_t position) const { return ranks[begin[position]]; }
 };
 constexpr uint32_t kNone = UINT32_MAX;  // no tensor; an item that holds nothing of its tensor
@@ -499,8 +507,8 @@ constexpr uint32_t kNone = UINT32_MAX;  // no tensor; an item that holds nothing
 // plan positions on the way. Each region's entries are placed from its end, the items visited
 // backwards, so the counts become the starts without an array of cursors.
 Holders list_holders(std::span<const std::span<const ItemView>> ranks, const RegionPool& pool,
-                     BulkVector<uint32_t>& region_of_item) {
-  Holders h;
+                     BulkVector<uint32_t>& region_of_item, BulkArena& arena) {
+  Holders h(arena);
   h.begin.assign(pool.size() + 1, 0);
   for (uint32_t& region : region_of_item)
     if (region != kNone) ++h.begin[region = pool[region].position];
@@ -530,7 +538,7 @@ int first_holder(std::span<const std::span<const ItemView>> ranks, const BulkVec
 // writer (read once, then written: the writers need no array of their own); `scratch`: a buffer
 // for the order, reused when large enough. Writers are stored
 // in one pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
-void assign_writers(const SizeClasses<int64_t>& sizes, BulkVector<uint32_t>& class_at, const Holders& holders,
+void assign_writers(const SizeClasses<int64_t>& sizes, std::span<uint32_t> class_at, const Holders& holders,
                     BulkVector<uint32_t> scratch, SavePlan& plan) {
   const BulkVector<uint32_t> order = sizes.largest_first(class_at, std::move(scratch));
   // The order jumps between plan positions, and each leads to its holders by one more lookup:
@@ -556,9 +564,10 @@ void assign_writers(const SizeClasses<int64_t>& sizes, BulkVector<uint32_t>& cla
 }
 
 // The scan's tensors into the plan: checked disjoint and complete, sorted by key, each region given
-// its writer. `region_of_item` (as list_holders takes it) is consumed.
+// its writer. `region_of_item` (as list_holders takes it) is consumed; `arrays`: an arena for the
+// plan's per-region arrays.
 Result<SavePlan> plan_from_scan(std::span<const std::span<const ItemView>> ranks, const std::vector<TensorAcc>& accs,
-                                RegionPool& pool, BulkVector<uint32_t> region_of_item) {
+                                RegionPool& pool, BulkVector<uint32_t> region_of_item, BulkArena& arrays) {
   std::vector<TensorPlan> heads = tensor_heads(accs);
 
   // Tensors sorted by key: every rank creates the datasets in this order.
@@ -570,7 +579,7 @@ Result<SavePlan> plan_from_scan(std::span<const std::span<const ItemView>> ranks
   plan.bytes_by_rank.assign(ranks.size(), 0);
   plan.tensors.reserve(accs.size());
   SizeClasses<int64_t> sizes;
-  BulkVector<uint32_t> class_at;  // by plan position
+  ArenaVector<uint32_t> class_at{ArenaAllocator<uint32_t>(arrays)};  // by plan position
   class_at.reserve(pool.size());
   CheckScratch scratch;
   for (uint32_t a : by_key) {
@@ -595,7 +604,7 @@ Result<SavePlan> plan_from_scan(std::span<const std::span<const ItemView>> ranks
     plan.tensors.push_back(std::move(tp));
   }
 
-  const Holders holders = list_holders(ranks, pool, region_of_item);
+  const Holders holders = list_holders(ranks, pool, region_of_item, arrays);
   // Its buffer (one entry per item, at least one per region) becomes the writers' order.
   assign_writers(sizes, class_at, holders, std::move(region_of_item), plan);
   return plan;
@@ -606,10 +615,11 @@ Result<SavePlan> plan_from_scan(std::span<const std::span<const ItemView>> ranks
 Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks) {
   size_t nitems = 0;
   for (const auto& items : ranks) nitems += items.size();
-  // The tensors' tables, grown by doubling into each other's outgrown blocks, take about 15 bytes
-  // per item at 8,960 ranks; room for more is only address space, and beyond it they come from
-  // malloc.
-  BulkArena arena(64 * nitems + (1u << 20));
+  // The tensors' lists and tables, grown by doubling into each other's outgrown blocks, take about
+  // 15 bytes per item at 8,960 ranks; room for more is only address space, and beyond it they come
+  // from malloc. Once the scan is done its tables are dead, and the plan's per-region scratch takes
+  // their pages (25 MB at 405B that would otherwise be fresh).
+  BulkArena lists(64 * nitems + (1u << 20)), tables(64 * nitems + (1u << 20));
   std::vector<TensorAcc> accs;
   std::unordered_map<std::string_view, uint32_t> acc_of;  // key -> accs index (views of the ranks' keys)
   RegionPool pool;
@@ -654,7 +664,7 @@ Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks) {
       } else {  // a new key: checked once, here
         if (auto st = validate_key(it.key); !st.ok()) return st.with_context("rank " + std::to_string(r));
         t = static_cast<uint32_t>(accs.size());
-        accs.emplace_back(&it, static_cast<int>(r), arena);
+        accs.emplace_back(&it, static_cast<int>(r), lists, tables);
         acc_of.emplace(it.key, t);
         prev = nullptr;
       }
@@ -700,7 +710,9 @@ Result<SavePlan> plan_save(std::span<const std::span<const ItemView>> ranks) {
   }
 
   H5CKPT_RETURN_IF_ERROR(check_group_prefixes(accs, acc_of));
-  return plan_from_scan(ranks, accs, pool, std::move(region_of_item));
+  for (TensorAcc& acc : accs) acc.drop_tables();
+  tables.recycle();
+  return plan_from_scan(ranks, accs, pool, std::move(region_of_item), tables);
 }
 
 Result<SavePlan> plan_save(const std::vector<std::vector<ItemDesc>>& ranks) {
