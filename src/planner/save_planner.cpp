@@ -536,8 +536,8 @@ int first_holder(std::span<const std::span<const ItemView>> ranks, const BulkVec
 // Worst-fit balancing: largest regions first (ties in plan order), each to its least-loaded
 // holder (ties to the lowest rank). `class_at`: each plan position's size class, replaced by its
 // writer (read once, then written: the writers need no array of their own); `scratch`: a buffer
-// for the order, reused when large enough. Writers are stored
-// in one pass over the plan (not scattered over its 1.45 million regions at 8,960 ranks).
+// for the order, reused when large enough. Writers are stored in one pass over the plan (not
+// scattered over its 1.45 million regions at 8,960 ranks).
 void assign_writers(const SizeClasses<int64_t>& sizes, std::span<uint32_t> class_at, const Holders& holders,
                     BulkVector<uint32_t> scratch, SavePlan& plan) {
   const BulkVector<uint32_t> order = sizes.largest_first(class_at, std::move(scratch));
