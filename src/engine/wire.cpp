@@ -69,59 +69,34 @@ bool box_volume(const Box& box, int64_t* volume) {
   return true;
 }
 
-// Numbers the distinct boxes of one tensor's regions as they are decoded (the encoding repeats
-// each region's box: local manifests store it), by hash: a tensor may have thousands of boxes.
-// Numbered in order of first appearance, as plan_save numbers them, so a decoded plan equals the
-// encoded one field by field. A box is compared where it lies in the message and copied out only
-// when new: every rank decodes the whole plan (1.45 million regions on 120,000 boxes at 405B and
-// 8,960 ranks), where two vectors per region cost it 2.9 million allocations.
+// Numbers the distinct boxes of one tensor's regions as they are decoded from the older plan
+// encoding (each region's box repeated: local manifests of earlier versions hold it), by hash: a
+// tensor may have thousands of boxes. Numbered in order of first appearance, as plan_save numbers
+// them, so a decoded plan equals the encoded one field by field.
 class BoxNumbers {
  public:
   void clear() {
     by_hash_.clear();
-    volumes_.clear();
     last_ = UINT32_MAX;
   }
-  /// The number of the box whose offset and extents are the `n_offset` and `n_shape` int64 at
-  /// `offset` and `shape` (unaligned, in the message), appended to `boxes` when new.
-  uint32_t number(std::vector<Box>& boxes, const char* offset, uint64_t n_offset, const char* shape, uint64_t n_shape) {
-    auto same = [&](const Box& b) {
-      return b.offset.size() == n_offset && b.shape.size() == n_shape && equal(b.offset, offset) &&
-             equal(b.shape, shape);
-    };
-    if (last_ != UINT32_MAX && same(boxes[last_])) return last_;  // neighbours often share one
+  uint32_t number(std::vector<Box>& boxes, Box&& box) {
+    if (last_ != UINT32_MAX && boxes[last_] == box) return last_;  // neighbours often share one
     uint64_t h = 0xcbf29ce484222325ull;
-    for (auto [at, n] : {std::pair{offset, n_offset}, std::pair{shape, n_shape}}) {
-      h = (h ^ n) * 0x100000001b3ull;
-      for (uint64_t i = 0; i < n; ++i) h = (h ^ static_cast<uint64_t>(load(at, i))) * 0x100000001b3ull;
+    for (const Shape* v : {&box.offset, &box.shape}) {
+      h = (h ^ v->size()) * 0x100000001b3ull;
+      for (int64_t x : *v) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;
     }
     auto [at, end] = by_hash_.equal_range(h);
     for (; at != end; ++at)
-      if (same(boxes[at->second])) return last_ = at->second;
+      if (boxes[at->second] == box) return last_ = at->second;
     last_ = static_cast<uint32_t>(boxes.size());
-    Box box{Shape(n_offset), Shape(n_shape)};
-    for (uint64_t i = 0; i < n_offset; ++i) box.offset[i] = load(offset, i);
-    for (uint64_t i = 0; i < n_shape; ++i) box.shape[i] = load(shape, i);
-    int64_t volume = 0;
-    volumes_.push_back(box_volume(box, &volume) ? volume : -1);
     boxes.push_back(std::move(box));
     by_hash_.emplace(h, last_);
     return last_;
   }
-  /// Box `b`'s element count; -1 when an extent is negative or the count overflows.
-  int64_t volume(uint32_t b) const { return volumes_[b]; }
 
  private:
-  static int64_t load(const char* at, uint64_t i) {
-    int64_t v;
-    std::memcpy(&v, at + i * sizeof(int64_t), sizeof v);
-    return v;
-  }
-  static bool equal(const Shape& v, const char* at) {
-    return v.empty() || std::memcmp(v.data(), at, v.size() * sizeof(int64_t)) == 0;
-  }
   std::unordered_multimap<uint64_t, uint32_t> by_hash_;
-  std::vector<int64_t> volumes_;  // by box number
   uint32_t last_ = UINT32_MAX;
 };
 
@@ -301,22 +276,14 @@ bool decode_full_shards(ByteReader& r, std::vector<planner::TensorPlan>& tensors
     t.dtype = get_dtype(r, &bad);
     t.shape = r.get_vec();
     const uint64_t nregions = r.get_count(kMinRegionBytes);
-    // Zeroed, then assigned: PlannedRegion's bit fields are stored by reading their word, and a
-    // fresh page read before it is written faults twice (the zero page, then the copy).
-    t.regions.resize(nregions);  // bounded by the bytes left
+    t.regions.reserve(nregions);
     boxes.clear();
     for (uint64_t k = 0; k < nregions && r.ok(); ++k) {
-      uint64_t n_offset = 0, n_shape = 0;
-      const char* offset = r.get_vec_bytes(&n_offset);
-      const char* shape = r.get_vec_bytes(&n_shape);
-      const bool flat = r.get<uint8_t>() != 0;
-      const int64_t begin = flat ? r.get<int64_t>() : 0;
-      int64_t end = flat ? r.get<int64_t>() : 0;
+      ShardSpec s = get_shard(r);
       const int32_t writer = r.get<int32_t>();
-      if (!r.ok()) break;
-      const uint32_t box = boxes.number(t.boxes, offset, n_offset, shape, n_shape);
-      if (!flat && (end = boxes.volume(box)) < 0) bad = true;
-      t.regions[k] = planner::PlannedRegion{begin, end, box, flat ? 1u : 0u, writer};
+      t.regions.push_back(planner::PlannedRegion{s.flat ? s.flat->first : 0, s.flat ? s.flat->second : 0,
+                                                 boxes.number(t.boxes, std::move(s.box)), s.flat ? 1u : 0u, writer});
+      if (!s.flat && !box_volume(t.boxes[t.regions.back().box], &t.regions.back().end)) bad = true;
     }
     if (!r.ok()) break;
   }
@@ -341,7 +308,10 @@ bool decode_compact(ByteReader& r, std::vector<planner::TensorPlan>& tensors) {
       if (!box_volume(t.boxes[b], &volumes[b])) volumes[b] = -1;
     }
     const uint64_t nregions = r.get_count(kMinCompactRegionBytes);
-    t.regions.resize(nregions);  // zeroed, then assigned (see decode_full_shards)
+    // Zeroed, then assigned: PlannedRegion's bit fields are stored by reading their word, and a
+    // fresh page read before it is written faults twice (the zero page, then the copy). Every
+    // rank decodes the whole plan: 1.45 million regions at 405B.
+    t.regions.resize(nregions);  // bounded by the bytes left
     for (uint64_t k = 0; k < nregions && r.ok(); ++k) {
       const uint32_t box = r.get<uint32_t>();
       const bool flat = r.get<uint8_t>() != 0;

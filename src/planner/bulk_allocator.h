@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <new>
 #include <utility>
 #include <vector>
