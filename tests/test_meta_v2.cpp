@@ -600,6 +600,22 @@ std::vector<Case> table_cases() {
        "'model/a': regions offset [0,0] shape [2,6] and offset [1,0] shape [2,6] overlap"},
       {"flat ranges overlap", [](Encoded& e) { set_extent(e, 7, doc::extent::flat_begin, 8, 9); },
        "regions offset [0,0] shape [4,6] flat [0,10) and offset [0,0] shape [4,6] flat [9,24) overlap"},
+      // The check groups regions by their box's place in the coords table: one box written twice
+      // must not hide an overlap, even where the element count still adds up (rows 23 left out).
+      {"a box repeated in the coords hides no overlap",
+       [](Encoded& e) {
+         new_extent(e, 7, add_coords(e, {0, 0, 4, 6}), 2, 1, 9, 23, 8);
+       },
+       "'optimizer/exp_avg/a': regions offset [0,0] shape [4,6] flat [0,10) and offset [0,0] shape [4,6] flat [9,23) "
+       "overlap"},
+      // A whole box and a flat range of the same box: 24 elements counted, rows 2-3 never stored.
+      {"a box and a flat range of it",
+       [](Encoded& e) {
+         const uint64_t box0 =
+             get_le(table(e, Table::kExtents), extent_of(e, 0) * doc::kExtent + doc::extent::box_index, 8);
+         new_extent(e, 1, box0, 2, 1, 0, 12, 24);
+       },
+       "'model/a': regions offset [0,0] shape [2,6] and offset [0,0] shape [2,6] flat [0,12) overlap"},
       {"regions leave a gap",
        [](Encoded& e) {
          set_extent(e, 7, doc::extent::flat_begin, 8, 11);  // 13 elements of bf16: still 4 blocks of 8 bytes

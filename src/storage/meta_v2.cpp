@@ -471,6 +471,96 @@ Status Index::check_structure() const {
   return Status::Ok();
 }
 
+// Regions that are neither identical nor disjoint, or that leave elements out. Coverage is
+// counted; disjointness is checked as the save planner checks it: the regions of one box must have
+// disjoint ranges (neighbours once sorted), and the distinct boxes, a few per tensor (the TP
+// shards), must be disjoint. Only when two distinct boxes meet (or an index repeats a box under
+// two positions) are all the regions' pieces compared, which is exact but allocates per region.
+// At 405B (1.45 million regions) this keeps a validation of the index to a linear pass. The
+// reasons come back without the "metadata: tensor '<key>'" prefix, which the caller adds.
+Status Index::check_regions(size_t t, const Shape& shape, RegionScratch& scratch) const {
+  const TensorRecord rec = tensor(t);
+  const DType dtype = *dtype_of_code(rec.dtype);
+  const uint64_t es = dtype_size(dtype);
+  const unsigned char* region_table = table_bytes(Table::kRegions);
+  auto spec = [&](size_t r) { return to_string_spec(regions(t)[r].shard); };  // error paths only
+  std::vector<RegionRange>& ranges = scratch.ranges;
+  ranges.clear();
+  int64_t covered = 0;
+  for (uint32_t r = 0; r < rec.region_count; ++r) {
+    const auto reg = load_record<RegionRecord>(region_table, rec.first_region + r);
+    const ExtentRecord x = extent(reg.extent);
+    int64_t volume = 1;
+    uint64_t slab = es;
+    for (uint32_t d = 0; d < x.ndim; ++d) {
+      const int64_t ext = coord(x.box_index + x.ndim + d);
+      volume *= ext;  // no overflow: check_structure
+      if (d >= 1 && !x.flat) slab *= static_cast<uint64_t>(ext);
+    }
+    if (x.block_bytes % std::max<uint64_t>(slab, 1) != 0)  // region_slab_bytes
+      return Status(ErrorCode::kCorrupt, "malformed verification blocks of region " + spec(r));
+    if (summary_.checksums && x.block_bytes == 0)
+      return Status(ErrorCode::kCorrupt, "region " + spec(r) + " has no checksum in a checkpoint saved with checksums");
+    const int64_t begin = x.flat ? x.flat_begin : 0, end = x.flat ? x.flat_end : volume;
+    if (!checked_add(covered, end - begin, &covered)) covered = INT64_MAX;
+    ranges.push_back({x.box_index, begin, end, r});
+  }
+  auto overlapping = [&](size_t a, size_t b) {
+    const std::vector<RegionView> regs = regions(t);
+    if (a > b) std::swap(a, b);
+    const std::string why =
+        regs[a].shard == regs[b].shard
+            ? "a region is listed twice: " + to_string_spec(regs[a].shard)
+            : "regions " + to_string_spec(regs[a].shard) + " and " + to_string_spec(regs[b].shard) + " overlap";
+    return Status(ErrorCode::kCorrupt, why);
+  };
+  auto by_box_then_begin = [](const RegionRange& a, const RegionRange& b) {
+    return a.box != b.box ? a.box < b.box : a.begin < b.begin;
+  };
+  if (!std::is_sorted(ranges.begin(), ranges.end(), by_box_then_begin))
+    std::sort(ranges.begin(), ranges.end(), by_box_then_begin);
+  std::vector<Box>& boxes = scratch.boxes;
+  size_t distinct = 0;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    if (k > 0 && ranges[k - 1].box == ranges[k].box) {
+      if (ranges[k - 1].end > ranges[k].begin) return overlapping(ranges[k - 1].region, ranges[k].region);
+      continue;
+    }
+    if (boxes.size() <= distinct) boxes.emplace_back();  // the scratch's vectors: no allocation once grown
+    const uint64_t at = ranges[k].box, ndim = shape.size();
+    boxes[distinct].offset.resize(ndim);
+    boxes[distinct].shape.resize(ndim);
+    for (uint64_t d = 0; d < ndim; ++d) {
+      boxes[distinct].offset[d] = coord(at + d);
+      boxes[distinct].shape[d] = coord(at + ndim + d);
+    }
+    ++distinct;
+  }
+  if (distinct >= 2) {
+    boxes.resize(distinct);
+    auto boxes_meet = planner::find_overlap(shape, boxes);
+    if (!boxes_meet.ok() || *boxes_meet) {  // the ranges may still avoid each other: compare the pieces
+      const std::vector<RegionView> regs = regions(t);
+      std::vector<Box> pieces;
+      std::vector<size_t> region_of;
+      for (size_t r = 0; r < regs.size(); ++r)
+        for (auto& b : planner::shard_boxes(regs[r].shard)) {
+          pieces.push_back(std::move(b));
+          region_of.push_back(r);
+        }
+      auto pair = planner::find_overlap(shape, pieces);
+      if (!pair.ok()) return pair.status();  // too fragmented to check
+      if (*pair) return overlapping(region_of[(*pair)->first], region_of[(*pair)->second]);
+    }
+  }
+  int64_t numel = 1;
+  for (int64_t e : shape) numel *= e;  // checked by check_structure
+  if (covered != numel)
+    return Status(ErrorCode::kCorrupt,
+                  "regions cover " + std::to_string(covered) + " of " + std::to_string(numel) + " elements");
+  return Status::Ok();
+}
+
 // What a reader must check of untrusted bytes beyond check_structure (docs/format.md §6).
 Status Index::check_contents(uint64_t data_file_size) const {
   struct Span {
@@ -487,6 +577,7 @@ Status Index::check_contents(uint64_t data_file_size) const {
                      std::to_string(data_file_size) + " bytes (truncated file?)");
     spans.push_back({begin, begin + ref.bytes, quoted_table(static_cast<Table>(i))});
   }
+  RegionScratch scratch;
   std::string_view previous;
   for (size_t t = 0; t < tensor_count(); ++t) {
     const TensorRecord rec = tensor(t);
@@ -513,33 +604,7 @@ Status Index::check_contents(uint64_t data_file_size) const {
       spans.push_back({static_cast<uint64_t>(rec.file_offset), static_cast<uint64_t>(rec.file_offset) + rec.nbytes,
                        "tensor '" + k + "'"});
     }
-    // Disjoint and complete: together with disjointness, the element count proves exact cover.
-    const std::vector<RegionView> regs = regions(t);
-    std::vector<Box> pieces;
-    std::vector<size_t> region_of;
-    int64_t covered = 0;
-    for (size_t r = 0; r < regs.size(); ++r) {
-      const ShardSpec& shard = regs[r].shard;
-      if (regs[r].block_bytes % region_slab_bytes(shard, dtype) != 0)
-        return bad("malformed verification blocks of region " + to_string_spec(shard));
-      if (summary_.checksums && regs[r].block_bytes == 0)
-        return bad("region " + to_string_spec(shard) + " has no checksum in a checkpoint saved with checksums");
-      if (!checked_add(covered, shard.numel(), &covered)) covered = INT64_MAX;
-      for (auto& b : planner::shard_boxes(shard)) {
-        pieces.push_back(std::move(b));
-        region_of.push_back(r);
-      }
-    }
-    auto overlap = planner::find_overlap(shp, pieces);
-    if (!overlap.ok()) return overlap.status().with_context("metadata: tensor '" + k + "'");  // too fragmented
-    if (*overlap) {
-      const auto& a = regs[region_of[(*overlap)->first]].shard;
-      const auto& b = regs[region_of[(*overlap)->second]].shard;
-      if (a == b) return bad("a region is listed twice: " + to_string_spec(a));
-      return bad("regions " + to_string_spec(a) + " and " + to_string_spec(b) + " overlap");
-    }
-    if (covered != numel)
-      return bad("regions cover " + std::to_string(covered) + " of " + std::to_string(numel) + " elements");
+    if (Status st = check_regions(t, shp, scratch); !st.ok()) return st.with_context("metadata: tensor '" + k + "'");
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)

@@ -194,6 +194,18 @@ class Index {
   const unsigned char* table_bytes(Table t) const;
   Status check_structure() const;
   Status check_contents(uint64_t data_file_size) const;
+  // One region as the disjointness check sees it: its box, by position in the coords table (which
+  // the encoder interns, so equal boxes share one), and its range of the box's elements.
+  struct RegionRange {
+    uint64_t box;
+    int64_t begin, end;
+    uint32_t region;  // within the tensor
+  };
+  struct RegionScratch {  // reused from one tensor to the next
+    std::vector<RegionRange> ranges;
+    std::vector<Box> boxes;
+  };
+  Status check_regions(size_t t, const Shape& shape, RegionScratch& scratch) const;
   TensorInfo materialize(size_t t) const;
 
   Summary summary_;
