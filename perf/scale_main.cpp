@@ -28,6 +28,7 @@
 #include "planner/region_index.h"
 #include "planner/save_planner.h"
 #include "storage/checkpoint_commit.h"
+#include "storage/format.h"
 #include "storage/meta_v2.h"
 #include "storage/region_lookup.h"
 #include "storage/verify_blocks.h"
@@ -231,7 +232,8 @@ std::vector<planner::LoadWant> load_wants(const Options& o, const ModelLayout& m
 
 // The metadata a save of `plan` commits: file offsets of contiguous datasets aligned as the
 // writer aligns them, and one (dummy) checksum per verification block of every region.
-CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, const Options& o, uint64_t* blocks) {
+CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, const Options& o, uint64_t* blocks,
+                               double* assemble_cpu_s) {
   constexpr uint64_t kAlignment = 1ull << 20;  // CheckpointerOptions::alignment
   storage::SavedCheckpoint saved;
   saved.tensors = &tensors;
@@ -261,7 +263,10 @@ CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, 
       *blocks += b.sums.size();
     }
   }
-  return storage::assemble_info(saved);
+  const double c0 = cpu_s();
+  CheckpointInfo info = storage::assemble_info(saved);  // as the commit does
+  *assemble_cpu_s = cpu_s() - c0;
+  return info;
 }
 
 // The size of the checkpoint index of `info`, in the encoding kIndexEncoding names (printed as
@@ -283,6 +288,7 @@ uint64_t index_bytes(const CheckpointInfo& info) {
 // every rank's plan is cached skips both (docs/design.md, the load's phases).
 struct IndexCost {
   uint64_t image_bytes = 0;
+  std::string image_digest;   ///< xxh3 of the image: two builds' encoders compared without storing it
   double validate_cpu_s = 0;  ///< Index::open with validation, best of `repeats`, process CPU time
   double copy_s = 0;          ///< the node's copy, best of `repeats`, wall
 };
@@ -307,6 +313,10 @@ IndexCost index_cost(const CheckpointInfo& info, int repeats) {
   const std::vector<char> image = enc.image();
   IndexCost cost;
   cost.image_bytes = image.size();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(storage::checksum_bytes(image.data(), image.size())));
+  cost.image_digest = hex;
   for (int k = 0; k < repeats; ++k) {
     const double c0 = cpu_s();
     check(storage::v2::Index::open(summary, image.data(), image.size(), end, /*validate=*/true),
@@ -680,17 +690,24 @@ int main(int argc, char** argv) {
 
   // ---- the index the save commits ----
   uint64_t blocks = 0;
-  const CheckpointInfo info = checkpoint_info(plan.tensors, o, &blocks);
+  double assemble_cpu_s = 0;
+  const CheckpointInfo info = checkpoint_info(plan.tensors, o, &blocks, &assemble_cpu_s);
   plan.tensors.clear();
   plan.tensors.shrink_to_fit();
   out["blocks"] = blocks;
   t0 = now_s();
+  const double encode_c0 = cpu_s();
   out["metadata_bytes"] = index_bytes(info);
   out["metadata_encoding"] = kIndexEncoding;
   out["metadata_s"] = now_s() - t0;
+  // The commit's work on the coordinator before it writes the tables: the metadata assembled from
+  // the plan, then encoded (CPU time).
+  out["commit_assemble_cpu_s"] = assemble_cpu_s;
+  out["commit_encode_cpu_s"] = cpu_s() - encode_c0;
   {
     const IndexCost cost = index_cost(info, o.repeats);
     out["load_index_image_bytes"] = cost.image_bytes;
+    out["index_image_digest"] = cost.image_digest;
     out["load_index_validate_cpu_s"] = cost.validate_cpu_s;
     out["load_index_node_copy_s"] = cost.copy_s;
     // What a load whose every rank's plan is cached no longer spends before its reads.

@@ -411,6 +411,7 @@ TEST(MetaV2, RegionsCostEightBytesAndExtentsAreShared) {
   EXPECT_EQ(e.bytes(Table::kRegions).size(), 24576u * 8);
   EXPECT_EQ(e.bytes(Table::kBlocks).size(), 49152u * 8);
   EXPECT_EQ(e.records[static_cast<size_t>(Table::kExtents)], distinct.size());  // 128, not 24,576
+  EXPECT_EQ(e.bytes(Table::kCoords).size(), (2u + 8 * 4) * 8);  // the shape and the 8 TP boxes, once each
   auto total = encoded_bytes(info);
   ASSERT_TRUE(total.ok());
   EXPECT_EQ(*total, e.total_bytes());

@@ -75,21 +75,51 @@ Record load_record(const unsigned char* table, uint64_t index) {
   return r;
 }
 
-// Interns value sequences: equal sequences get the same position in the output table.
+// Interns value sequences: equal sequences get the same position in the output table. The hash
+// table holds each sequence's place in the output table rather than a copy of it, so a save of
+// 1.45 million regions (405B) interns their boxes without an allocation each.
 class Interner {
  public:
   explicit Interner(std::vector<char>* table, size_t value_bytes) : table_(table), value_bytes_(value_bytes) {}
   uint64_t add(const void* values, size_t n) {
-    std::string key(static_cast<const char*>(values), n * value_bytes_);
-    auto [it, inserted] = index_.try_emplace(std::move(key), table_->size() / value_bytes_);
-    if (inserted) table_->insert(table_->end(), it->first.begin(), it->first.end());
-    return it->second;
+    const size_t bytes = n * value_bytes_;
+    const uint64_t hash = checksum_bytes(values, bytes);
+    if (2 * (used_ + 1) > slots_.size()) grow();
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+      Slot& s = slots_[i];
+      if (s.bytes_plus_one == 0) {
+        s = Slot{hash, table_->size(), bytes + 1};
+        const char* p = static_cast<const char*>(values);
+        table_->insert(table_->end(), p, p + bytes);
+        ++used_;
+        return s.at / value_bytes_;
+      }
+      if (s.hash == hash && s.bytes_plus_one == bytes + 1 &&
+          (bytes == 0 || std::memcmp(table_->data() + s.at, values, bytes) == 0))
+        return s.at / value_bytes_;
+    }
   }
 
  private:
+  struct Slot {
+    uint64_t hash = 0, at = 0, bytes_plus_one = 0;  // 0: empty
+  };
+  void grow() {  // open addressing, at most half full
+    std::vector<Slot> old(std::max<size_t>(64, 2 * slots_.size()));
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& s : old)
+      if (s.bytes_plus_one != 0) {
+        size_t i = s.hash & mask;
+        while (slots_[i].bytes_plus_one != 0) i = (i + 1) & mask;
+        slots_[i] = s;
+      }
+  }
   std::vector<char>* table_;
   size_t value_bytes_;
-  std::unordered_map<std::string, uint64_t> index_;
+  std::vector<Slot> slots_;
+  size_t used_ = 0;
 };
 
 }  // namespace
@@ -277,20 +307,22 @@ Result<Encoded> encode(const CheckpointInfo& info) {
     rec.region_count = t->regions.size();
     rec.first_block = block_total;
     for (const SavedRegion& r : t->regions) {
-      const std::string where = "tensor '" + t->key + "' region " + to_string_spec(r.shard);
+      auto where = [&] { return "tensor '" + t->key + "' region " + to_string_spec(r.shard); };
       if (r.checksum != 0)
-        return invalid(where + " has a whole-region (format v1) checksum; format v2 stores verification blocks");
-      if (r.writer_rank < 0) return invalid(where + " has a negative writer");
+        return invalid(where() + " has a whole-region (format v1) checksum; format v2 stores verification blocks");
+      if (r.writer_rank < 0) return invalid(where() + " has a negative writer");
       if (r.shard.box.offset.size() != t->shape.size() || r.shard.box.shape.size() != t->shape.size())
-        return invalid(where + " has another rank than its tensor");
+        return invalid(where() + " has another rank than its tensor");
       const uint64_t region_bytes = static_cast<uint64_t>(r.shard.numel()) * dtype_size(t->dtype);
       if (r.block_checksums.size() != block_count(region_bytes, r.block_bytes))
-        return invalid(where + " has " + std::to_string(r.block_checksums.size()) + " block checksums for " +
+        return invalid(where() + " has " + std::to_string(r.block_checksums.size()) + " block checksums for " +
                        std::to_string(block_count(region_bytes, r.block_bytes)) + " blocks");
       ExtentRecord ext{};
-      Shape box = r.shard.box.offset;
-      box.insert(box.end(), r.shard.box.shape.begin(), r.shard.box.shape.end());
-      ext.box_index = coords.add(box.data(), box.size());
+      int64_t box[2 * kMaxDims];  // offset, then shape: the box as the coords table holds it
+      const size_t ndim = t->shape.size();
+      std::copy(r.shard.box.offset.begin(), r.shard.box.offset.end(), box);
+      std::copy(r.shard.box.shape.begin(), r.shard.box.shape.end(), box + ndim);
+      ext.box_index = coords.add(box, 2 * ndim);
       if (r.shard.flat) {
         ext.flat = 1;
         ext.flat_begin = r.shard.flat->first;
