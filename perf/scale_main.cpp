@@ -232,8 +232,22 @@ std::vector<planner::LoadWant> load_wants(const Options& o, const ModelLayout& m
 
 // The metadata a save of `plan` commits: file offsets of contiguous datasets aligned as the
 // writer aligns them, and one (dummy) checksum per verification block of every region.
+// The commit's encoding of the index, timed (CPU) as the save's coordinator runs it, and a
+// digest of its image, which must equal that of encoding `info` (the tables from a CheckpointInfo).
+struct CommitCost {
+  double encode_cpu_s = 0;
+  std::string image_digest;
+};
+
+std::string image_digest(const std::vector<char>& image) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(storage::checksum_bytes(image.data(), image.size())));
+  return hex;
+}
+
 CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, const Options& o, uint64_t* blocks,
-                               double* assemble_cpu_s) {
+                               CommitCost* commit) {
   constexpr uint64_t kAlignment = 1ull << 20;  // CheckpointerOptions::alignment
   storage::SavedCheckpoint saved;
   saved.tensors = &tensors;
@@ -264,9 +278,11 @@ CheckpointInfo checkpoint_info(const std::vector<planner::TensorPlan>& tensors, 
     }
   }
   const double c0 = cpu_s();
-  CheckpointInfo info = storage::assemble_info(saved);  // as the commit does
-  *assemble_cpu_s = cpu_s() - c0;
-  return info;
+  auto encoded = storage::encode_saved(saved);  // as the commit does
+  commit->encode_cpu_s = cpu_s() - c0;
+  if (!encoded.ok()) die("the commit's encoding failed: " + encoded.status().to_string());
+  commit->image_digest = image_digest(encoded->image());
+  return storage::assemble_info(saved);
 }
 
 // The size of the checkpoint index of `info`, in the encoding kIndexEncoding names (printed as
@@ -313,10 +329,7 @@ IndexCost index_cost(const CheckpointInfo& info, int repeats) {
   const std::vector<char> image = enc.image();
   IndexCost cost;
   cost.image_bytes = image.size();
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(storage::checksum_bytes(image.data(), image.size())));
-  cost.image_digest = hex;
+  cost.image_digest = image_digest(image);
   for (int k = 0; k < repeats; ++k) {
     const double c0 = cpu_s();
     check(storage::v2::Index::open(summary, image.data(), image.size(), end, /*validate=*/true),
@@ -690,8 +703,8 @@ int main(int argc, char** argv) {
 
   // ---- the index the save commits ----
   uint64_t blocks = 0;
-  double assemble_cpu_s = 0;
-  const CheckpointInfo info = checkpoint_info(plan.tensors, o, &blocks, &assemble_cpu_s);
+  CommitCost commit;
+  const CheckpointInfo info = checkpoint_info(plan.tensors, o, &blocks, &commit);
   plan.tensors.clear();
   plan.tensors.shrink_to_fit();
   out["blocks"] = blocks;
@@ -700,14 +713,16 @@ int main(int argc, char** argv) {
   out["metadata_bytes"] = index_bytes(info);
   out["metadata_encoding"] = kIndexEncoding;
   out["metadata_s"] = now_s() - t0;
-  // The commit's work on the coordinator before it writes the tables: the metadata assembled from
-  // the plan, then encoded (CPU time).
-  out["commit_assemble_cpu_s"] = assemble_cpu_s;
-  out["commit_encode_cpu_s"] = cpu_s() - encode_c0;
+  out["index_encode_cpu_s"] = cpu_s() - encode_c0;  // from a CheckpointInfo
+  // The commit's work on the coordinator before it writes the tables (CPU time).
+  out["commit_encode_cpu_s"] = commit.encode_cpu_s;
   {
     const IndexCost cost = index_cost(info, o.repeats);
     out["load_index_image_bytes"] = cost.image_bytes;
     out["index_image_digest"] = cost.image_digest;
+    if (commit.image_digest != cost.image_digest)
+      die("the commit encoded another index (" + commit.image_digest + ") than the metadata's (" + cost.image_digest +
+          ")");
     out["load_index_validate_cpu_s"] = cost.validate_cpu_s;
     out["load_index_node_copy_s"] = cost.copy_s;
     // What a load whose every rank's plan is cached no longer spends before its reads.

@@ -18,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "storage/checkpoint_commit.h"
 #include "storage/meta_v2.h"
 #include "storage/meta_v1.h"
 #include "storage/region_reader.h"
+#include "storage/verify_blocks.h"
 
 namespace h5ckpt::storage::v2 {
 namespace {
@@ -418,6 +420,67 @@ TEST(MetaV2, RegionsCostEightBytesAndExtentsAreShared) {
   EXPECT_LT(*total, (24576u + 49152u) * 8 + 192u * 64 + 64 * 1024);  // regions + blocks + tensors + little
   const Status st = open_status(e, e.summary_json(table_offsets(e)), 128u << 20);
   EXPECT_TRUE(st.ok()) << st.to_string();
+}
+
+// The commit encodes the plan in place (encode_saved); the same checkpoint assembled into a
+// CheckpointInfo first must give the same bytes, table by table: flat and whole regions, boxes
+// shared within and across tensors, an empty tensor, tensors out of key order.
+TEST(MetaV2, CommitEncodesThePlanAsTheAssembledInfoWould) {
+  std::vector<planner::TensorPlan> plan(4);
+  plan[0].key = "model/b";
+  plan[0].shape = {4, 6};
+  plan[0].add_region(ShardSpec::box_of({0, 0}, {2, 6}), 0);
+  plan[0].add_region(ShardSpec::box_of({2, 0}, {2, 6}), 1);
+  plan[1].key = "model/a";
+  plan[1].dtype = DType::kBF16;
+  plan[1].shape = {4, 6};
+  plan[1].add_region(ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 10, 24), 3);
+  plan[1].add_region(ShardSpec::flat_range(Box{{0, 0}, {4, 6}}, 0, 10), 0);
+  plan[2].key = "optimizer/zero/c";
+  plan[2].shape = {4, 2, 3};
+  plan[2].add_region(ShardSpec::flat_range(Box{{0, 0, 0}, {2, 2, 3}}, 0, 5), 0);
+  plan[2].add_region(ShardSpec::flat_range(Box{{0, 0, 0}, {2, 2, 3}}, 5, 12), 2);
+  plan[2].add_region(ShardSpec::box_of({2, 0, 0}, {2, 2, 3}), 1);
+  plan[3].key = "model/empty";
+  plan[3].dtype = DType::kI32;
+  plan[3].shape = {0, 3};
+  storage::SavedCheckpoint saved;
+  saved.tensors = &plan;
+  saved.offsets = {kDataAt, kDataAt + 96, kDataAt + 144, -1};
+  saved.step = 7;
+  saved.sizes = ParallelSizes{2, 2, 1};
+  saved.coords = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}};
+  saved.attributes = {{"config", "{}"}};
+  uint64_t next = 0;
+  saved.blocks.resize(plan.size());
+  for (size_t t = 0; t < plan.size(); ++t)
+    for (size_t r = 0; r < plan[t].regions.size(); ++r) {
+      auto& b = saved.blocks[t].emplace_back();
+      b.block_bytes = storage::choose_block_bytes(plan[t].shard(r), plan[t].dtype, 16);
+      const uint64_t bytes = static_cast<uint64_t>(plan[t].regions[r].numel()) * dtype_size(plan[t].dtype);
+      for (uint64_t k = 0; k < storage::block_count(bytes, b.block_bytes); ++k) b.sums.push_back(block_sum(next++));
+    }
+  auto in_place = storage::encode_saved(saved);
+  auto assembled = encode(storage::assemble_info(saved));
+  ASSERT_TRUE(in_place.ok()) << in_place.status().to_string();
+  ASSERT_TRUE(assembled.ok()) << assembled.status().to_string();
+  for (size_t i = 0; i < kTableCount; ++i) {
+    EXPECT_EQ(in_place->tables[i], assembled->tables[i]) << table_name(static_cast<Table>(i));
+    EXPECT_EQ(in_place->summary.tables[i].xxh3, assembled->summary.tables[i].xxh3);
+  }
+  EXPECT_EQ(in_place->records[static_cast<size_t>(Table::kExtents)], 7u);  // 2 + 2 + 3 regions, none alike
+  EXPECT_EQ(in_place->records[static_cast<size_t>(Table::kBlocks)], next);
+  EXPECT_TRUE(in_place->summary.checksums);
+  EXPECT_EQ(in_place->summary_json(table_offsets(*in_place)), assembled->summary_json(table_offsets(*assembled)));
+
+  // What the format refuses, refused alike: a region whose sums miss a block.
+  saved.blocks[2][1].sums.pop_back();
+  const Status a = storage::encode_saved(saved).status(), b = encode(storage::assemble_info(saved)).status();
+  EXPECT_EQ(a.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(a.to_string(), b.to_string());
+  EXPECT_NE(a.message().find("tensor 'optimizer/zero/c' region offset [0,0,0] shape [2,2,3] flat [5,12) has"),
+            std::string::npos)
+      << a.message();
 }
 
 // ---- every validation failure ---------------------------------------------------------------

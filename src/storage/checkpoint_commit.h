@@ -11,6 +11,7 @@
 
 #include "h5ckpt/checkpoint_info.h"
 #include "planner/save_planner.h"
+#include "storage/meta_v2.h"
 
 namespace h5ckpt::storage {
 
@@ -31,8 +32,12 @@ struct SavedCheckpoint {
   std::map<std::string, std::string> attributes;
 };
 
-/// The metadata of a saved checkpoint (paths excluded).
+/// The metadata of a saved checkpoint (paths excluded), as a CheckpointInfo.
 CheckpointInfo assemble_info(const SavedCheckpoint& saved);
+
+/// The format-v2 index of a saved checkpoint, encoded from the plan in place: the same bytes as
+/// encoding assemble_info(saved), without its copy of every region (what the commit writes).
+Result<v2::Encoded> encode_saved(const SavedCheckpoint& saved);
 
 /// Writes the metadata of `saved` into `temp` (the index tables in the /meta group of its data
 /// file, read back to check their offsets, and the metadata.json summary, each fsynced), publishes `temp` as `final_dir` (replacing an existing one only

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <numeric>
 #include <unordered_map>
 
 #include "planner/box_math.h"
@@ -270,7 +271,37 @@ std::string Encoded::summary_json(const std::array<int64_t, kTableCount>& offset
   return dump_signed_json(std::move(j));
 }
 
-Result<Encoded> encode(const CheckpointInfo& info) {
+namespace {
+
+// A CheckpointInfo's tensors as a TensorSource.
+class InfoTensors final : public TensorSource {
+ public:
+  explicit InfoTensors(const std::vector<TensorInfo>& tensors) : tensors_(tensors) {}
+  size_t size() const override { return tensors_.size(); }
+  Tensor tensor(size_t t) const override {
+    const TensorInfo& x = tensors_[t];
+    return {x.key, x.dtype, &x.shape, x.nbytes, x.file_offset, x.regions.size()};
+  }
+  Region region(size_t t, size_t r) const override {
+    const SavedRegion& x = tensors_[t].regions[r];
+    return {&x.shard.box,
+            x.shard.flat,
+            x.writer_rank,
+            x.checksum,
+            x.block_bytes,
+            x.block_checksums.data(),
+            x.block_checksums.size()};
+  }
+
+ private:
+  const std::vector<TensorInfo>& tensors_;
+};
+
+}  // namespace
+
+Result<Encoded> encode(const CheckpointInfo& info) { return encode(info, InfoTensors(info.tensors)); }
+
+Result<Encoded> encode(const CheckpointInfo& info, const TensorSource& source) {
   Encoded out;
   auto& tensors = out.tables[slot(Table::kTensors)];
   auto& regions = out.tables[slot(Table::kRegions)];
@@ -280,62 +311,72 @@ Result<Encoded> encode(const CheckpointInfo& info) {
   Interner coords(&out.tables[slot(Table::kCoords)], sizeof(int64_t));
   Interner extent_ids(&extents, sizeof(ExtentRecord));
   auto invalid = [](const std::string& why) { return Status(ErrorCode::kInvalidArgument, "format v2 index: " + why); };
-  auto add_name = [&](const std::string& s) {
+  auto add_name = [&](std::string_view s) {
     const uint64_t at = names.size();
     names.insert(names.end(), s.begin(), s.end());
     return at;
   };
 
-  std::vector<const TensorInfo*> order;
-  order.reserve(info.tensors.size());
-  for (const auto& t : info.tensors) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->key < b->key; });
+  std::vector<TensorSource::Tensor> order;
+  order.reserve(source.size());
+  for (size_t t = 0; t < source.size(); ++t) order.push_back(source.tensor(t));
+  std::vector<size_t> by_key(order.size());
+  std::iota(by_key.begin(), by_key.end(), size_t{0});
+  std::sort(by_key.begin(), by_key.end(), [&](size_t a, size_t b) { return order[a].key < order[b].key; });
   bool all_blocks = true;
   uint64_t region_count = 0, block_total = 0;
-  for (const TensorInfo* t : order) {
-    if (t->shape.empty() || t->shape.size() > kMaxDims) return invalid("tensor '" + t->key + "' has no valid rank");
-    if (t->key.size() > UINT32_MAX) return invalid("a key is longer than 4 GiB");
+  for (size_t n : by_key) {
+    const TensorSource::Tensor& t = order[n];
+    const Shape& shape = *t.shape;
+    if (shape.empty() || shape.size() > kMaxDims)
+      return invalid("tensor '" + std::string(t.key) + "' has no valid rank");
+    if (t.key.size() > UINT32_MAX) return invalid("a key is longer than 4 GiB");
     TensorRecord rec{};
-    rec.key_offset = add_name(t->key);
-    rec.key_length = static_cast<uint32_t>(t->key.size());
-    rec.dtype = dtype_code(t->dtype);
-    rec.ndim = static_cast<uint8_t>(t->shape.size());
-    rec.shape_index = coords.add(t->shape.data(), t->shape.size());
-    rec.nbytes = t->nbytes;
-    rec.file_offset = t->nbytes ? t->file_offset : -1;
+    rec.key_offset = add_name(t.key);
+    rec.key_length = static_cast<uint32_t>(t.key.size());
+    rec.dtype = dtype_code(t.dtype);
+    rec.ndim = static_cast<uint8_t>(shape.size());
+    rec.shape_index = coords.add(shape.data(), shape.size());
+    rec.nbytes = t.nbytes;
+    rec.file_offset = t.nbytes ? t.file_offset : -1;
     rec.first_region = region_count;
-    rec.region_count = t->regions.size();
+    rec.region_count = t.regions;
     rec.first_block = block_total;
-    for (const SavedRegion& r : t->regions) {
-      auto where = [&] { return "tensor '" + t->key + "' region " + to_string_spec(r.shard); };
-      if (r.checksum != 0)
+    for (size_t k = 0; k < t.regions; ++k) {
+      const TensorSource::Region r = source.region(n, k);
+      const Box& b = *r.box;
+      auto where = [&] { return "tensor '" + std::string(t.key) + "' region " + to_string_spec(ShardSpec{b, r.flat}); };
+      if (r.whole_checksum != 0)
         return invalid(where() + " has a whole-region (format v1) checksum; format v2 stores verification blocks");
-      if (r.writer_rank < 0) return invalid(where() + " has a negative writer");
-      if (r.shard.box.offset.size() != t->shape.size() || r.shard.box.shape.size() != t->shape.size())
+      if (r.writer < 0) return invalid(where() + " has a negative writer");
+      const size_t ndim = shape.size();
+      if (b.offset.size() != ndim || b.shape.size() != ndim)
         return invalid(where() + " has another rank than its tensor");
-      const uint64_t region_bytes = static_cast<uint64_t>(r.shard.numel()) * dtype_size(t->dtype);
-      if (r.block_checksums.size() != block_count(region_bytes, r.block_bytes))
-        return invalid(where() + " has " + std::to_string(r.block_checksums.size()) + " block checksums for " +
+      int64_t numel = 1;
+      for (int64_t e : b.shape) numel *= e;
+      if (r.flat) numel = r.flat->second - r.flat->first;
+      const uint64_t region_bytes = static_cast<uint64_t>(numel) * dtype_size(t.dtype);
+      if (r.sum_count != block_count(region_bytes, r.block_bytes))
+        return invalid(where() + " has " + std::to_string(r.sum_count) + " block checksums for " +
                        std::to_string(block_count(region_bytes, r.block_bytes)) + " blocks");
       ExtentRecord ext{};
       int64_t box[2 * kMaxDims];  // offset, then shape: the box as the coords table holds it
-      const size_t ndim = t->shape.size();
-      std::copy(r.shard.box.offset.begin(), r.shard.box.offset.end(), box);
-      std::copy(r.shard.box.shape.begin(), r.shard.box.shape.end(), box + ndim);
+      std::copy(b.offset.begin(), b.offset.end(), box);
+      std::copy(b.shape.begin(), b.shape.end(), box + ndim);
       ext.box_index = coords.add(box, 2 * ndim);
-      if (r.shard.flat) {
+      if (r.flat) {
         ext.flat = 1;
-        ext.flat_begin = r.shard.flat->first;
-        ext.flat_end = r.shard.flat->second;
+        ext.flat_begin = r.flat->first;
+        ext.flat_end = r.flat->second;
       }
       ext.block_bytes = r.block_bytes;
-      ext.ndim = static_cast<uint32_t>(t->shape.size());
+      ext.ndim = static_cast<uint32_t>(ndim);
       const uint64_t extent = extent_ids.add(&ext, 1);
-      if (extent > UINT32_MAX || static_cast<uint64_t>(r.writer_rank) > UINT32_MAX)
+      if (extent > UINT32_MAX || static_cast<uint64_t>(r.writer) > UINT32_MAX)
         return invalid("more than 2^32 distinct region extents");
-      append_record(regions, RegionRecord{static_cast<uint32_t>(r.writer_rank), static_cast<uint32_t>(extent)});
-      append_values(blocks, r.block_checksums.data(), r.block_checksums.size());
-      block_total += r.block_checksums.size();
+      append_record(regions, RegionRecord{static_cast<uint32_t>(r.writer), static_cast<uint32_t>(extent)});
+      append_values(blocks, r.sums, r.sum_count);
+      block_total += r.sum_count;
       all_blocks = all_blocks && r.block_bytes > 0;
       ++region_count;
     }

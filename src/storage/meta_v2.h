@@ -133,10 +133,40 @@ struct Encoded {
   std::string summary_json(const std::array<int64_t, kTableCount>& offsets) const;
 };
 
+/// The tensors encode reads, one at a time and in place: a CheckpointInfo's, or a save's plan with
+/// its offsets and block sums (storage/checkpoint_commit.cpp), which a commit of 1.45 million
+/// regions would otherwise copy into a CheckpointInfo first.
+class TensorSource {
+ public:
+  struct Tensor {
+    std::string_view key;
+    DType dtype = DType::kF32;
+    const Shape* shape = nullptr;
+    uint64_t nbytes = 0;
+    int64_t file_offset = -1;
+    size_t regions = 0;
+  };
+  struct Region {
+    const Box* box = nullptr;
+    std::optional<std::pair<int64_t, int64_t>> flat;  ///< as ShardSpec::flat
+    int64_t writer = -1;
+    uint64_t whole_checksum = 0;  ///< format v1's, which format v2 refuses
+    uint64_t block_bytes = 0;
+    const uint64_t* sums = nullptr;
+    size_t sum_count = 0;
+  };
+  virtual ~TensorSource() = default;
+  virtual size_t size() const = 0;
+  virtual Tensor tensor(size_t t) const = 0;
+  virtual Region region(size_t t, size_t r) const = 0;
+};
+
 /// Encodes a checkpoint's metadata (paths ignored). Refuses what format v2 cannot hold: a
 /// v1-style whole-region checksum (SavedRegion::checksum), a negative writer, block checksums
 /// that do not match the region's block count.
 Result<Encoded> encode(const CheckpointInfo& info);
+/// The same with the tensors from `tensors` (`header.tensors` is not read).
+Result<Encoded> encode(const CheckpointInfo& header, const TensorSource& tensors);
 
 /// Bytes the tables of `info` take (what a save adds to the data file for its index).
 Result<uint64_t> encoded_bytes(const CheckpointInfo& info);
