@@ -306,6 +306,7 @@ struct IndexCost {
   uint64_t image_bytes = 0;
   std::string image_digest;   ///< xxh3 of the image: two builds' encoders compared without storing it
   double validate_cpu_s = 0;  ///< Index::open with validation, best of `repeats`, process CPU time
+  double open_cpu_s = 0;      ///< each rank's Index::open of its node's copy (structure checks only)
   double copy_s = 0;          ///< the node's copy, best of `repeats`, wall
 };
 IndexCost index_cost(const CheckpointInfo& info, int repeats) {
@@ -336,6 +337,10 @@ IndexCost index_cost(const CheckpointInfo& info, int repeats) {
           "validating the index");
     const double dt = cpu_s() - c0;
     cost.validate_cpu_s = k == 0 ? dt : std::min(cost.validate_cpu_s, dt);
+    const double o0 = cpu_s();
+    check(storage::v2::Index::open(summary, image.data(), image.size(), end, /*validate=*/false), "opening the index");
+    const double dopen = cpu_s() - o0;
+    cost.open_cpu_s = k == 0 ? dopen : std::min(cost.open_cpu_s, dopen);
     const double t0 = now_s();
     std::vector<char> node_copy(image.size());
     std::memcpy(node_copy.data(), image.data(), image.size());
@@ -724,6 +729,7 @@ int main(int argc, char** argv) {
       die("the commit encoded another index (" + commit.image_digest + ") than the metadata's (" + cost.image_digest +
           ")");
     out["load_index_validate_cpu_s"] = cost.validate_cpu_s;
+    out["load_index_rank_open_cpu_s"] = cost.open_cpu_s;
     out["load_index_node_copy_s"] = cost.copy_s;
     // What a load whose every rank's plan is cached no longer spends before its reads.
     out["load_cached_skips_s"] = cost.validate_cpu_s + cost.copy_s;
