@@ -560,7 +560,7 @@ Status Index::check_regions(size_t t, const Shape& shape, RegionScratch& scratch
   std::vector<RegionRange>& ranges = scratch.ranges;
   ranges.clear();
   int64_t covered = 0;
-  for (uint32_t r = 0; r < rec.region_count; ++r) {
+  for (uint64_t r = 0; r < rec.region_count; ++r) {
     const auto reg = load_record<RegionRecord>(region_table, rec.first_region + r);
     const ExtentRecord x = extent(reg.extent);
     int64_t volume = 1;

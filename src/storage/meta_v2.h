@@ -229,7 +229,7 @@ class Index {
   struct RegionRange {
     uint64_t box;
     int64_t begin, end;
-    uint32_t region;  // within the tensor
+    uint64_t region;  // within the tensor
   };
   struct RegionScratch {  // reused from one tensor to the next
     std::vector<RegionRange> ranges;
