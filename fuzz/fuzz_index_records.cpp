@@ -122,6 +122,9 @@ Reference build() {
 
 const Reference& reference() {
   static const Reference ref = build();
+  // The scratch file goes when the process exits normally (a crash leaves it beside the input).
+  static const int cleanup = std::atexit([] { ::unlink(reference().path.c_str()); });
+  (void)cleanup;
   return ref;
 }
 

@@ -52,7 +52,8 @@ void on_fatal_signal(int sig) {
       ::close(fd);
     }
   }
-  const char* what = sig == SIGALRM ? "fuzz replay: an input ran past 10 s; it is in " : "fuzz replay: crashed; the input is in ";
+  const char* what =
+      sig == SIGALRM ? "fuzz replay: an input ran past 10 s; it is in " : "fuzz replay: crashed; the input is in ";
   write_all(2, what, std::strlen(what));
   write_all(2, g_crash_path, std::strlen(g_crash_path));
   write_all(2, "\n", 1);
@@ -84,10 +85,9 @@ class Mutator {
   uint64_t below(uint64_t n) { return n == 0 ? 0 : rng_() % n; }
 
   void edit(std::vector<uint8_t>& in, const std::vector<std::vector<uint8_t>>& seeds) {
-    static constexpr uint64_t kBoundaries[] = {0,           1,           2,           0x7f,       0x80,
-                                               0xff,        0x7fff,      0xffff,      0x7fffffff, 0x80000000,
-                                               0xffffffff,  1ull << 32,  1ull << 40,  ~0ull >> 1, 1ull << 63,
-                                               ~0ull,       ~0ull - 1,   4096,        65536};
+    static constexpr uint64_t kBoundaries[] = {
+        0,          1,          2,          0x7f,       0x80,       0xff,  0x7fff,    0xffff, 0x7fffffff, 0x80000000,
+        0xffffffff, 1ull << 32, 1ull << 40, ~0ull >> 1, 1ull << 63, ~0ull, ~0ull - 1, 4096,   65536};
     switch (in.empty() ? 3 : below(8)) {
       case 0:  // one bit
         in[below(in.size())] ^= static_cast<uint8_t>(1u << below(8));
