@@ -708,6 +708,63 @@ TEST(MetaV2, EveryTableCheckNamesTheProblem) {
   }
 }
 
+// The structure check keeps each extent's block count per (tensor shape, rank, element size):
+// one extent shared by tensors of two dtypes, or of two shapes, or of two ranks must be checked
+// for each. Tensors, in key order (each extent's last check is then by the tensor before):
+// b16 bf16 [4,6] rows 0-1 and 2-3; f32 f32 [4,6] on the same two extents (blocks of 24 bytes are
+// whole slabs of both); g f32 [2,6] columns 0-2 and 3-5; h f32 [4] whole.
+TEST(MetaV2, SharedExtentsAreCheckedForEachTensorShapeRankAndElementSize) {
+  uint64_t next = 0;
+  CheckpointInfo info;
+  info.saved_sizes = ParallelSizes{2, 1, 1};
+  info.saved_coords = {{0, 0, 0}, {1, 0, 0}};
+  TensorInfo b16 = make_tensor("b16", DType::kBF16, {4, 6}, kDataAt);
+  b16.regions = {region(ShardSpec::box_of({0, 0}, {2, 6}), 0, 24, 1, &next),
+                 region(ShardSpec::box_of({2, 0}, {2, 6}), 1, 24, 1, &next)};
+  TensorInfo f32 = make_tensor("f32", DType::kF32, {4, 6}, kDataAt + 48);
+  f32.regions = {region(ShardSpec::box_of({0, 0}, {2, 6}), 0, 24, 2, &next),
+                 region(ShardSpec::box_of({2, 0}, {2, 6}), 1, 24, 2, &next)};
+  TensorInfo g = make_tensor("g", DType::kF32, {2, 6}, kDataAt + 144);
+  g.regions = {region(ShardSpec::box_of({0, 0}, {2, 3}), 0, 12, 2, &next),
+               region(ShardSpec::box_of({0, 3}, {2, 3}), 1, 12, 2, &next)};
+  TensorInfo h = make_tensor("h", DType::kF32, {4}, kDataAt + 192);
+  h.regions = {region(ShardSpec::whole({4}), 1, 16, 1, &next)};
+  info.tensors = {b16, f32, g, h};
+  Encoded good = encoded(info);
+  ASSERT_EQ(good.records[static_cast<size_t>(Table::kExtents)], 5u);
+  ASSERT_EQ(extent_of(good, 0), extent_of(good, 2));  // b16 and f32 share rows 0-1
+  // Valid: f32's regions, on b16's extents, have 2 blocks each, not b16's 1.
+  {
+    auto summary = parse_summary(good.summary_json(table_offsets(good)));
+    ASSERT_TRUE(summary.ok());
+    const std::vector<char> image = good.image();
+    auto index = Index::open(*summary, image.data(), image.size(), kFileSize, /*validate=*/true);
+    ASSERT_TRUE(index.ok()) << index.status().to_string();
+    const auto regions = index->regions(*index->find("f32"));
+    ASSERT_EQ(regions.size(), 2u);
+    EXPECT_EQ(regions[0].first_block, 2u);
+    EXPECT_EQ(regions[0].block_count, 2u);
+    EXPECT_EQ(regions[1].first_block, 4u);
+    EXPECT_EQ(index->block_checksum(5), block_sum(5));
+  }
+  auto tensor_at = [](size_t t, size_t field) { return t * doc::kTensor + field; };
+  // g's first region moved onto rows 2-3 (2 blocks of 24 bytes, as its own 2 of 12): outside g.
+  Encoded e = good;
+  put_le(table(e, Table::kRegions), 4 * 8 + doc::region::extent, 4, extent_of(e, 3));
+  resign_tables(e);
+  Status st = open_status(e);
+  EXPECT_NE(st.message().find("tensor 'g': a region lies outside the tensor"), std::string::npos) << st.to_string();
+  // h given f32's shape position (1-D, it reads [4]) and its region rows 0-1, of rank 2.
+  e = good;
+  put_le(table(e, Table::kTensors), tensor_at(3, doc::tensor::shape_index), 8,
+         get_le(table(e, Table::kTensors), tensor_at(1, doc::tensor::shape_index), 8));
+  put_le(table(e, Table::kRegions), 6 * 8 + doc::region::extent, 4, extent_of(e, 2));
+  resign_tables(e);
+  st = open_status(e);
+  EXPECT_NE(st.message().find("tensor 'h': a region has another rank than the tensor"), std::string::npos)
+      << st.to_string();
+}
+
 TEST(MetaV2, EverySummaryCheckNamesTheProblem) {
   const Encoded e = encoded();
   const std::string good = e.summary_json(table_offsets(e));

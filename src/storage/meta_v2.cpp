@@ -483,58 +483,70 @@ Status Index::check_structure() const {
   }
   const unsigned char* region_table = table_bytes(Table::kRegions);
   uint64_t next_region = 0, next_block = 0;
+  // A region's geometry depends only on its extent, its tensor's shape and rank, and the element
+  // size. Extents are shared by the regions of many tensors of one shape (every layer's), so each
+  // (extent, shape, element size) is checked once and its block count kept: checked region by
+  // region, the 1.45 million regions of a 405B index took each rank's open 0.028 s.
+  struct Checked {
+    uint64_t shape_index = ~uint64_t{0}, rank_and_size = 0, blocks = 0;
+  };
+  std::vector<Checked> checked(n_extents);
   for (size_t t = 0; t < tensor_count(); ++t) {
     const TensorRecord rec = tensor(t);
-    const std::string which = "tensor " + std::to_string(t);
-    if (!fits(rec.key_offset, rec.key_length, names)) return corrupt(which + ": key lies outside the names table");
-    const std::string where = "tensor '" + printable(key(t)) + "': ";
+    if (!fits(rec.key_offset, rec.key_length, names))
+      return corrupt("tensor " + std::to_string(t) + ": key lies outside the names table");
+    auto where = [&] { return "tensor '" + printable(key(t)) + "': "; };  // error paths only
     const auto dtype = dtype_of_code(rec.dtype);
-    if (!dtype) return corrupt(where + "unknown dtype code " + std::to_string(rec.dtype));
-    if (rec.ndim < 1 || rec.ndim > kMaxDims) return corrupt(where + "rank " + std::to_string(rec.ndim));
-    if (!fits(rec.shape_index, rec.ndim, coords)) return corrupt(where + "shape lies outside the coords table");
+    if (!dtype) return corrupt(where() + "unknown dtype code " + std::to_string(rec.dtype));
+    if (rec.ndim < 1 || rec.ndim > kMaxDims) return corrupt(where() + "rank " + std::to_string(rec.ndim));
+    if (!fits(rec.shape_index, rec.ndim, coords)) return corrupt(where() + "shape lies outside the coords table");
     int64_t numel = 1;
     for (uint32_t d = 0; d < rec.ndim; ++d)
       if (coord(rec.shape_index + d) < 0 || !checked_mul(numel, coord(rec.shape_index + d), &numel))
-        return corrupt(where + "shape " + to_string_shape(shape(t)) + " invalid");
+        return corrupt(where() + "shape " + to_string_shape(shape(t)) + " invalid");
     if (rec.first_region != next_region || !fits(rec.first_region, rec.region_count, n_regions))
-      return corrupt(where + "regions [" + std::to_string(rec.first_region) + ", +" + std::to_string(rec.region_count) +
-                     ") do not follow the previous tensor's in the regions table");
+      return corrupt(where() + "regions [" + std::to_string(rec.first_region) + ", +" +
+                     std::to_string(rec.region_count) + ") do not follow the previous tensor's in the regions table");
     if (rec.first_block != next_block)
-      return corrupt(where + "first block " + std::to_string(rec.first_block) + ", expected " +
+      return corrupt(where() + "first block " + std::to_string(rec.first_block) + ", expected " +
                      std::to_string(next_block) + " (block counts inconsistent)");
     next_region += rec.region_count;
+    const uint64_t rank_and_size = rec.ndim | uint64_t{dtype_size(*dtype)} << 8;
     for (uint64_t r = rec.first_region; r < next_region; ++r) {
       const auto reg = load_record<RegionRecord>(region_table, r);
-      if (reg.extent >= n_extents) return corrupt(where + "region " + std::to_string(r) + " names a missing extent");
+      if (reg.extent >= n_extents) return corrupt(where() + "region " + std::to_string(r) + " names a missing extent");
       if (summary_.world > 0 && reg.writer >= static_cast<uint64_t>(summary_.world))
-        return corrupt(where + "region writer rank " + std::to_string(reg.writer) + " invalid");
-      const ExtentRecord x = extent(reg.extent);
-      if (x.ndim != rec.ndim) return corrupt(where + "a region has another rank than the tensor");
-      int64_t region_numel = 1;
-      for (uint32_t d = 0; d < rec.ndim; ++d) {
-        const int64_t off = coord(x.box_index + d), ext = coord(x.box_index + rec.ndim + d);
-        int64_t end = 0;
-        if (!checked_add(off, ext, &end) || end > coord(rec.shape_index + d))
-          return corrupt(where + "a region lies outside the tensor");
-        region_numel *= ext;  // no overflow: inside the tensor
+        return corrupt(where() + "region writer rank " + std::to_string(reg.writer) + " invalid");
+      Checked& c = checked[reg.extent];
+      if (c.shape_index != rec.shape_index || c.rank_and_size != rank_and_size) {
+        const ExtentRecord x = extent(reg.extent);
+        if (x.ndim != rec.ndim) return corrupt(where() + "a region has another rank than the tensor");
+        int64_t region_numel = 1;
+        for (uint32_t d = 0; d < rec.ndim; ++d) {
+          const int64_t off = coord(x.box_index + d), ext = coord(x.box_index + rec.ndim + d);
+          int64_t end = 0;
+          if (!checked_add(off, ext, &end) || end > coord(rec.shape_index + d))
+            return corrupt(where() + "a region lies outside the tensor");
+          region_numel *= ext;  // no overflow: inside the tensor
+        }
+        if (x.flat) region_numel = x.flat_end - x.flat_begin;
+        uint64_t region_bytes = 0;
+        if (__builtin_mul_overflow(static_cast<uint64_t>(region_numel), dtype_size(*dtype), &region_bytes))
+          return corrupt(where() + "a region's size overflows");
+        // A block size beyond what any save chooses would make element counts negative where they
+        // are signed; the block count below is then exactly ceil(region bytes / block bytes).
+        uint64_t slab = dtype_size(*dtype);
+        for (uint32_t d = 1; d < rec.ndim && !x.flat; ++d)
+          slab *= static_cast<uint64_t>(coord(x.box_index + rec.ndim + d));
+        if (x.block_bytes > max_block_bytes(std::max<uint64_t>(slab, 1)))
+          return corrupt(where() + "region " + std::to_string(r) + " has verification blocks of " +
+                         std::to_string(x.block_bytes) + " bytes (at most " +
+                         std::to_string(max_block_bytes(std::max<uint64_t>(slab, 1))) + " are written)");
+        c = Checked{rec.shape_index, rank_and_size, block_count(region_bytes, x.block_bytes)};
       }
-      if (x.flat) region_numel = x.flat_end - x.flat_begin;
-      uint64_t region_bytes = 0;
-      if (__builtin_mul_overflow(static_cast<uint64_t>(region_numel), dtype_size(*dtype), &region_bytes))
-        return corrupt(where + "a region's size overflows");
-      // A block size beyond what any save chooses would make element counts negative where they
-      // are signed; the block count below is then exactly ceil(region bytes / block bytes).
-      uint64_t slab = dtype_size(*dtype);
-      for (uint32_t d = 1; d < rec.ndim && !x.flat; ++d)
-        slab *= static_cast<uint64_t>(coord(x.box_index + rec.ndim + d));
-      if (x.block_bytes > max_block_bytes(std::max<uint64_t>(slab, 1)))
-        return corrupt(where + "region " + std::to_string(r) + " has verification blocks of " +
-                       std::to_string(x.block_bytes) + " bytes (at most " +
-                       std::to_string(max_block_bytes(std::max<uint64_t>(slab, 1))) + " are written)");
-      const uint64_t blocks = block_count(region_bytes, x.block_bytes);
-      if (!fits(next_block, blocks, n_blocks))
-        return corrupt(where + "its regions need more block checksums than the blocks table holds");
-      next_block += blocks;
+      if (!fits(next_block, c.blocks, n_blocks))
+        return corrupt(where() + "its regions need more block checksums than the blocks table holds");
+      next_block += c.blocks;
     }
   }
   if (next_region != n_regions)
